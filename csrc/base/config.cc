@@ -1,0 +1,28 @@
+// Range checks for Config; the defaults and docs live beside the fields.
+#include "base/config.h"
+
+namespace r2ccl {
+
+std::string Config::validate() const {
+  auto bad = [](const char* name, const std::string& why) {
+    return std::string(name) + " " + why;
+  };
+  if (chunk_bytes < 1024 || chunk_bytes > (64ull << 20))
+    return bad("R2CCL_CHUNK_BYTES", "must be between 1024 and 67108864");
+  if (rail_window_bytes < chunk_bytes)
+    return bad("R2CCL_RAIL_WINDOW_BYTES", "must be at least R2CCL_CHUNK_BYTES");
+  if (conns_per_nic < 1 || conns_per_nic > 16) return bad("R2CCL_CONNS_PER_NIC", "must be 1..16");
+  if (!(timeout_s > 0)) return bad("R2CCL_TIMEOUT", "must be > 0 seconds");
+  if (heartbeat_ms < 1) return bad("R2CCL_HEARTBEAT_MS", "must be >= 1");
+  if (heartbeat_misses < 1) return bad("R2CCL_HEARTBEAT_MISSES", "must be >= 1");
+  if (stall_ms < 1) return bad("R2CCL_STALL_MS", "must be >= 1");
+  if (reprobe_ms < 1) return bad("R2CCL_REPROBE_MS", "must be >= 1");
+  if (connect_timeout_ms < 1) return bad("R2CCL_CONNECT_TIMEOUT_MS", "must be >= 1");
+  if (tcp_user_timeout_ms < 0) return bad("R2CCL_TCP_USER_TIMEOUT_MS", "must be >= 0");
+  if (socket_buffer_bytes < 0) return bad("R2CCL_SOCKET_BUFFER_BYTES", "must be >= 0");
+  if (port < 0 || port > 65535) return bad("R2CCL_PORT", "must be 0..65535");
+  if (max_message_bytes < 1) return bad("R2CCL_MAX_MESSAGE_BYTES", "must be >= 1");
+  return {};
+}
+
+}  // namespace r2ccl

@@ -1,0 +1,32 @@
+// The one configuration struct of the C++ core. Its fields mirror jax_r2ccl/config.py
+// (the R2CCL_* settings); Python fills it and hands it over when an endpoint opens.
+// Knows nothing of sockets, collectives or JAX.
+#pragma once
+#include <cstdint>
+#include <string>
+
+namespace r2ccl {
+
+struct Config {
+  uint64_t chunk_bytes = 256 << 10;          // R2CCL_CHUNK_BYTES: payload bytes per data frame
+  uint64_t rail_window_bytes = 4 << 20;      // R2CCL_RAIL_WINDOW_BYTES: unacked bytes one rail may hold
+  int conns_per_nic = 1;                     // R2CCL_CONNS_PER_NIC: TCP connections per NIC pair
+  double timeout_s = 30.0;                   // R2CCL_TIMEOUT: all rails down / no progress -> error
+  int heartbeat_ms = 100;                    // R2CCL_HEARTBEAT_MS: idle-rail heartbeat period
+  int heartbeat_misses = 3;                  // R2CCL_HEARTBEAT_MISSES: silent periods before a rail fails
+  int stall_ms = 250;                        // R2CCL_STALL_MS: busy rail without acks while siblings progress
+  int reprobe_ms = 200;                      // R2CCL_REPROBE_MS: retry period for a failed rail (failback)
+  int connect_timeout_ms = 2000;             // R2CCL_CONNECT_TIMEOUT_MS: one connect + handshake attempt
+  int tcp_user_timeout_ms = 5000;            // R2CCL_TCP_USER_TIMEOUT_MS: kernel bound on unacked data
+  int socket_buffer_bytes = 4 << 20;         // R2CCL_SOCKET_BUFFER_BYTES: SO_SNDBUF / SO_RCVBUF
+  bool crc = false;                          // R2CCL_CRC: CRC32C over every payload
+  bool bind_device = true;                   // R2CCL_BIND_DEVICE: SO_BINDTODEVICE when a NIC has a name
+  int port = 0;                              // R2CCL_PORT: first listen port (0: any free port)
+  uint64_t max_message_bytes = 1ull << 36;   // R2CCL_MAX_MESSAGE_BYTES: largest message accepted
+  int debug_level = 1;                       // R2CCL_DEBUG: 0 ERROR, 1 WARN, 2 INFO, 3 TRACE
+
+  // Returns an empty string when every field is in range, else a sentence naming the field.
+  std::string validate() const;
+};
+
+}  // namespace r2ccl

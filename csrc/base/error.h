@@ -1,0 +1,34 @@
+// The one error type: a cause, the peer it concerns (-1: none) and a sentence.
+// Every failure that reaches Python is one of these. Knows nothing above base/.
+#pragma once
+#include <stdexcept>
+#include <string>
+
+namespace r2ccl {
+
+enum class Cause {
+  kInvalidArgument,  // the caller asked for something impossible
+  kTimeout,          // a wait ran past its deadline
+  kAllRailsDown,     // every rail to a peer failed for longer than R2CCL_TIMEOUT
+  kPeerGone,         // the peer process closed or refuses every connection
+  kProtocol,         // the peer sent something the wire protocol forbids
+  kMismatch,         // both sides disagree about a message (size, kind)
+  kSystem,           // an operating-system call failed
+  kClosed,           // the endpoint was closed while the operation was pending
+};
+
+const char* cause_name(Cause c);
+
+class Error : public std::runtime_error {
+ public:
+  Error(Cause cause, int peer, const std::string& what)
+      : std::runtime_error(what), cause_(cause), peer_(peer) {}
+  Cause cause() const { return cause_; }
+  int peer() const { return peer_; }
+
+ private:
+  Cause cause_;
+  int peer_;
+};
+
+}  // namespace r2ccl

@@ -1,0 +1,48 @@
+// Logger and clocks. Lines are written with one write() so concurrent ranks do not interleave.
+#include "base/log.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdarg>
+#include <cstdio>
+#include <ctime>
+
+namespace r2ccl {
+
+static std::atomic<int> g_level{1};
+static std::atomic<int> g_rank{-1};
+
+void log_set_level(int level) { g_level.store(level); }
+void log_set_rank(int rank) { g_rank.store(rank); }
+bool log_enabled(LogLevel level) { return static_cast<int>(level) <= g_level.load(std::memory_order_relaxed); }
+
+void log_write(LogLevel level, const char* fmt, ...) {
+  static const char* names[] = {"ERROR", "WARN", "INFO", "TRACE"};
+  char buf[1024];
+  int n = std::snprintf(buf, sizeof buf, "[r2ccl %d %.3f %s] ", g_rank.load(), unix_time_s(),
+                        names[static_cast<int>(level)]);
+  va_list ap;
+  va_start(ap, fmt);
+  int m = std::vsnprintf(buf + n, sizeof buf - n - 1, fmt, ap);
+  va_end(ap);
+  size_t len = static_cast<size_t>(n) + (m < 0 ? 0 : std::min<size_t>(m, sizeof buf - n - 2));
+  buf[len++] = '\n';
+  ssize_t w = ::write(2, buf, len);
+  (void)w;
+}
+
+int64_t now_ns() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+}
+
+double unix_time_s() {
+  timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return static_cast<double>(ts.tv_sec) + ts.tv_nsec * 1e-9;
+}
+
+}  // namespace r2ccl

@@ -1,0 +1,29 @@
+// The one logger (R2CCL_DEBUG = ERROR|WARN|INFO|TRACE): one line per event on stderr,
+// prefixed with the rank. Knows nothing above base/.
+#pragma once
+#include <cstdint>
+#include <string>
+
+namespace r2ccl {
+
+enum class LogLevel { kError = 0, kWarn = 1, kInfo = 2, kTrace = 3 };
+
+void log_set_level(int level);
+void log_set_rank(int rank);
+bool log_enabled(LogLevel level);
+void log_write(LogLevel level, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
+
+// Monotonic clock in nanoseconds, and Unix time in seconds (for reports).
+int64_t now_ns();
+double unix_time_s();
+
+}  // namespace r2ccl
+
+#define R2_LOG(level, ...)                                         \
+  do {                                                             \
+    if (::r2ccl::log_enabled(level)) ::r2ccl::log_write(level, __VA_ARGS__); \
+  } while (0)
+#define R2_WARN(...) R2_LOG(::r2ccl::LogLevel::kWarn, __VA_ARGS__)
+#define R2_INFO(...) R2_LOG(::r2ccl::LogLevel::kInfo, __VA_ARGS__)
+#define R2_TRACE(...) R2_LOG(::r2ccl::LogLevel::kTrace, __VA_ARGS__)
+#define R2_ERROR(...) R2_LOG(::r2ccl::LogLevel::kError, __VA_ARGS__)

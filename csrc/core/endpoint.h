@@ -1,0 +1,79 @@
+// An endpoint: this process's listeners on every NIC, a channel to every peer, and the
+// progress engine thread that drives them. The public face of csrc/core/ for the bindings
+// and, later, the collectives. Knows nothing of collectives or JAX.
+#pragma once
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "base/config.h"
+#include "core/request.h"
+
+namespace r2ccl {
+
+// One rail as the outside sees it (a copy; safe to hold).
+struct RailStats {
+  int rail = 0;
+  int local_nic = 0, remote_nic = 0;
+  std::string local_nic_name, local_addr, remote_addr;
+  std::string state;            // "connecting", "handshake", "up", "down"
+  double weight = 1.0;
+  uint64_t tx_bytes = 0, rx_bytes = 0;       // payload bytes written / applied
+  uint64_t tx_chunks = 0, rx_chunks = 0;
+  uint64_t acked_bytes = 0;                  // bytes the peer confirmed on this rail
+  uint64_t retransmitted_chunks = 0;         // chunks this rail carried for a failed sibling
+  uint64_t inflight_bytes = 0;
+  uint64_t failures = 0, recoveries = 0;
+  std::string fault;            // injected fault: "", "close", "stall", "rate"
+  std::string last_error;
+  double last_change_unix_s = 0;
+};
+
+enum class Fault { kNone, kClose, kStall, kRate };
+
+class Engine;
+
+class Endpoint {
+ public:
+  // `secret` is the job's shared secret (any bytes, at least 16); `nics` name interfaces or
+  // IPv4 addresses. Opens one listener per NIC and starts the progress engine.
+  Endpoint(const Config& cfg, int rank, int world, const std::vector<std::string>& nics,
+           const std::string& secret);
+  ~Endpoint();
+  Endpoint(const Endpoint&) = delete;
+  Endpoint& operator=(const Endpoint&) = delete;
+
+  int rank() const;
+  int world() const;
+  std::vector<std::string> addresses() const;   // "ip:port", one per NIC, in NIC order
+
+  // Declares a peer and its listen addresses (its addresses()); rails start connecting.
+  void add_peer(int peer, const std::vector<std::string>& addresses);
+  // Waits until every rail to every given peer is up. Throws Error(kTimeout) naming the
+  // rails still missing; rails that came up are kept.
+  void wait_ready(const std::vector<int>& peers, double timeout_s);
+
+  std::shared_ptr<Request> post_send(int peer, uint64_t tag, const void* buf, uint64_t len);
+  std::shared_ptr<Request> post_recv(int peer, uint64_t tag, void* buf, uint64_t len);
+  // Waits for a request. On deadline the request is cancelled (the engine stops touching its
+  // buffer before this returns) and Error(kTimeout) is thrown. timeout_s < 0: R2CCL_TIMEOUT.
+  void wait(const std::shared_ptr<Request>& req, double timeout_s);
+
+  std::vector<RailStats> rail_stats(int peer);
+  // Software fault injection on this side of one rail; sticky until Fault::kNone.
+  // kClose: the connection is shut and not re-admitted; kStall: nothing is read or written;
+  // kRate: writes are capped at rate_bytes_per_s.
+  void inject(int peer, int rail, Fault fault, double rate_bytes_per_s);
+  // The health monitor's seam: relative share of new chunks for a rail (0 = none).
+  void set_rail_weight(int peer, int rail, double weight);
+
+  // Says goodbye to every peer and stops the engine. Pending requests fail with kClosed.
+  void close();
+
+ private:
+  std::unique_ptr<Engine> engine_;
+};
+
+}  // namespace r2ccl

@@ -1,0 +1,51 @@
+// A posted send or receive: the caller's buffer, and a completion that any thread may wait
+// on. The engine thread owns every field below "engine-only". Knows nothing of sockets.
+#pragma once
+#include <condition_variable>
+#include <cstdint>
+#include <mutex>
+#include <string>
+
+#include "base/error.h"
+
+namespace r2ccl {
+
+struct Request {
+  enum Kind { kSend, kRecv };
+  Request(Kind k, int p, uint64_t t, uint8_t* b, uint64_t n) : kind(k), peer(p), tag(t), buf(b), len(n) {}
+
+  const Kind kind;
+  const int peer;
+  const uint64_t tag;
+  uint8_t* const buf;
+  const uint64_t len;
+
+  // Completion: set once by the engine; waited on by the caller.
+  void finish_ok();
+  void finish_error(Cause cause, const std::string& message);
+  // Waits until finished or the deadline (monotonic ns); returns false on deadline.
+  bool wait_until(int64_t deadline_ns);
+  bool finished();
+  // Valid after finished(): throws the stored error, if any.
+  void rethrow();
+
+  // engine-only
+  uint64_t msg_id = 0;
+  uint32_t tag_seq = 0;
+  uint64_t next_offset = 0;     // send: bytes cut into chunks so far
+  bool fully_cut = false;       // send: every chunk has a sequence number
+  uint64_t chunks_cut = 0;
+  uint64_t chunks_acked = 0;
+  int64_t posted_ns = 0;
+  bool cancelled = false;
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  bool failed_ = false;
+  Cause cause_ = Cause::kSystem;
+  std::string error_;
+};
+
+}  // namespace r2ccl

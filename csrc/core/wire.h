@@ -1,0 +1,75 @@
+// The wire protocol, version 1: a fixed 64-byte little-endian header before every payload,
+// and the handshake bodies. Everything read from the network is parsed here, defensively:
+// a frame that fails any check is rejected with a sentence saying which field was wrong.
+// Knows nothing of sockets, collectives or JAX.
+#pragma once
+#include <array>
+#include <cstdint>
+#include <string>
+
+namespace r2ccl {
+
+constexpr uint32_t kWireMagic = 0x43433252;  // "R2CC" on the wire
+constexpr uint16_t kWireVersion = 1;
+constexpr size_t kHeaderBytes = 64;
+constexpr size_t kNonceBytes = 32;
+constexpr size_t kMacBytes = 32;
+
+enum class FrameType : uint8_t {
+  kHello = 1,         // connector -> acceptor: who I am, which rail, my nonce
+  kChallenge = 2,     // acceptor -> connector: its nonce and its proof of the secret
+  kAuth = 3,          // connector -> acceptor: my proof of the secret
+  kWelcome = 4,       // acceptor -> connector: rail admitted
+  kData = 5,          // one chunk of one message
+  kAck = 6,           // ranges of chunk sequence numbers received and applied
+  kHeartbeat = 7,     // idle-rail liveness probe
+  kHeartbeatAck = 8,  // its echo
+  kBye = 9,           // the endpoint is closing on purpose
+};
+constexpr uint8_t kFlagPayloadCrc = 1;
+
+struct FrameHeader {
+  FrameType type = FrameType::kData;
+  uint8_t flags = 0;
+  uint32_t payload_len = 0;
+  uint64_t seq = 0;       // data: chunk sequence number; ack: number of ranges
+  uint64_t msg_id = 0;    // data: message number on this channel and direction
+  uint64_t tag = 0;       // data: user tag of the message
+  uint64_t offset = 0;    // data: byte offset of this chunk in the message
+  uint64_t msg_len = 0;   // data: total message bytes
+  uint32_t tag_seq = 0;   // data: k-th message with this tag (matching key with tag)
+  uint32_t payload_crc = 0;
+};
+
+// Limits a receiver enforces before it trusts a header's lengths.
+struct WireLimits {
+  uint64_t max_chunk_bytes;
+  uint64_t max_message_bytes;
+};
+
+void encode_header(const FrameHeader& h, uint8_t out[kHeaderBytes]);
+// Returns an empty string and fills `h` when the header is valid, else says what is wrong.
+std::string decode_header(const uint8_t in[kHeaderBytes], const WireLimits& lim, FrameHeader* h);
+
+// Handshake bodies (fixed sizes, validated by length before use).
+struct HelloBody {
+  uint64_t job_id;      // which job (hash of the secret's public id), rejects cross-job dials
+  uint32_t from_rank, to_rank, rail, epoch;
+  std::array<uint8_t, kNonceBytes> nonce;
+};
+constexpr size_t kHelloBytes = 8 + 16 + kNonceBytes;
+void encode_hello(const HelloBody& b, uint8_t out[kHelloBytes]);
+HelloBody decode_hello(const uint8_t in[kHelloBytes]);
+
+constexpr size_t kChallengeBytes = kNonceBytes + kMacBytes;
+constexpr size_t kAuthBytes = kMacBytes;
+constexpr size_t kHeartbeatBytes = 16;   // sender clock (ns), echoed clock (ns)
+constexpr size_t kAckRangeBytes = 16;    // [first, last+1) of chunk sequence numbers
+constexpr size_t kMaxAckRanges = 1024;
+
+inline void store_le64(uint8_t* p, uint64_t v) { for (int i = 0; i < 8; i++) p[i] = uint8_t(v >> (8 * i)); }
+inline void store_le32(uint8_t* p, uint32_t v) { for (int i = 0; i < 4; i++) p[i] = uint8_t(v >> (8 * i)); }
+inline uint64_t load_le64(const uint8_t* p) { uint64_t v = 0; for (int i = 7; i >= 0; i--) v = (v << 8) | p[i]; return v; }
+inline uint32_t load_le32(const uint8_t* p) { uint32_t v = 0; for (int i = 3; i >= 0; i--) v = (v << 8) | p[i]; return v; }
+
+}  // namespace r2ccl

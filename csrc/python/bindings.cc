@@ -1,0 +1,178 @@
+// Python bindings of the transport (jax_r2ccl._core): endpoints, requests over numpy
+// buffers, per-rail counters and software fault injection. Errors become
+// jax_r2ccl.errors.R2cclError with .cause and .peer. Knows nothing of sockets.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/shared_ptr.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include "base/config.h"
+#include "base/error.h"
+#include "base/log.h"
+#include "core/endpoint.h"
+
+namespace nb = nanobind;
+using namespace r2ccl;
+
+namespace {
+
+// A posted request plus the Python object owning its buffer (kept alive until it is done).
+struct PyRequest {
+  std::shared_ptr<Request> req;
+  nb::object keepalive;
+  Endpoint* ep;
+  void wait(double timeout_s) {
+    {
+      nb::gil_scoped_release nogil;
+      ep->wait(req, timeout_s);
+    }
+    keepalive = nb::none();
+  }
+  bool done() { return req->finished(); }
+};
+
+Fault parse_fault(const std::string& f) {
+  if (f == "close") return Fault::kClose;
+  if (f == "stall") return Fault::kStall;
+  if (f == "rate") return Fault::kRate;
+  if (f == "heal" || f == "none") return Fault::kNone;
+  throw Error(Cause::kInvalidArgument, -1, "unknown fault '" + f + "' (close, stall, rate, heal)");
+}
+
+using Buffer = nb::ndarray<nb::c_contig, nb::device::cpu>;
+
+}  // namespace
+
+NB_MODULE(_core, m) {
+  nb::register_exception_translator([](const std::exception_ptr& p, void*) {
+    try {
+      std::rethrow_exception(p);
+    } catch (const Error& e) {
+      nb::object cls = nb::module_::import_("jax_r2ccl.errors").attr("R2cclError");
+      nb::object exc = cls(nb::str(e.what()), nb::str(cause_name(e.cause())), e.peer());
+      PyErr_SetObject(cls.ptr(), exc.ptr());
+    }
+  });
+
+  nb::class_<Config>(m, "Config")
+      .def(nb::init<>())
+      .def_rw("chunk_bytes", &Config::chunk_bytes)
+      .def_rw("rail_window_bytes", &Config::rail_window_bytes)
+      .def_rw("conns_per_nic", &Config::conns_per_nic)
+      .def_rw("timeout_s", &Config::timeout_s)
+      .def_rw("heartbeat_ms", &Config::heartbeat_ms)
+      .def_rw("heartbeat_misses", &Config::heartbeat_misses)
+      .def_rw("stall_ms", &Config::stall_ms)
+      .def_rw("reprobe_ms", &Config::reprobe_ms)
+      .def_rw("connect_timeout_ms", &Config::connect_timeout_ms)
+      .def_rw("tcp_user_timeout_ms", &Config::tcp_user_timeout_ms)
+      .def_rw("socket_buffer_bytes", &Config::socket_buffer_bytes)
+      .def_rw("crc", &Config::crc)
+      .def_rw("bind_device", &Config::bind_device)
+      .def_rw("port", &Config::port)
+      .def_rw("max_message_bytes", &Config::max_message_bytes)
+      .def_rw("debug_level", &Config::debug_level)
+      .def("validate", &Config::validate);
+
+  nb::class_<PyRequest>(m, "Request")
+      .def("wait", &PyRequest::wait, nb::arg("timeout") = -1.0,
+           "Waits for completion; raises R2cclError (the request is cancelled on timeout). "
+           "timeout < 0 means R2CCL_TIMEOUT.")
+      .def("done", &PyRequest::done);
+
+  nb::class_<Endpoint>(m, "Endpoint")
+      .def(
+          "__init__",
+          [](Endpoint* self, const Config& cfg, int rank, int world, const std::vector<std::string>& nics,
+             nb::bytes secret) {
+            new (self) Endpoint(cfg, rank, world, nics, std::string(secret.c_str(), secret.size()));
+          },
+          nb::arg("config"), nb::arg("rank"), nb::arg("world"), nb::arg("nics"), nb::arg("secret"))
+      .def_prop_ro("rank", &Endpoint::rank)
+      .def_prop_ro("world", &Endpoint::world)
+      .def_prop_ro("addresses", &Endpoint::addresses)
+      .def("add_peer", &Endpoint::add_peer, nb::arg("peer"), nb::arg("addresses"))
+      .def(
+          "wait_ready",
+          [](Endpoint& ep, const std::vector<int>& peers, double timeout) {
+            nb::gil_scoped_release nogil;
+            ep.wait_ready(peers, timeout);
+          },
+          nb::arg("peers"), nb::arg("timeout"))
+      .def(
+          "isend",
+          [](Endpoint& ep, int peer, Buffer buf, uint64_t tag, nb::handle owner) {
+            auto r = ep.post_send(peer, tag, buf.data(), buf.nbytes());
+            return PyRequest{r, nb::borrow(owner), &ep};
+          },
+          nb::arg("peer"), nb::arg("buffer"), nb::arg("tag"), nb::arg("owner"), nb::keep_alive<0, 1>())
+      .def(
+          "irecv",
+          [](Endpoint& ep, int peer, Buffer buf, uint64_t tag, nb::handle owner) {
+            if (buf.nbytes() > 0 && buf.data() == nullptr)
+              throw Error(Cause::kInvalidArgument, peer, "receive buffer has no data");
+            auto r = ep.post_recv(peer, tag, buf.data(), buf.nbytes());
+            return PyRequest{r, nb::borrow(owner), &ep};
+          },
+          nb::arg("peer"), nb::arg("buffer"), nb::arg("tag"), nb::arg("owner"), nb::keep_alive<0, 1>())
+      .def(
+          "rail_stats",
+          [](Endpoint& ep, int peer) {
+            std::vector<RailStats> st;
+            {
+              nb::gil_scoped_release nogil;
+              st = ep.rail_stats(peer);
+            }
+            nb::list out;
+            for (auto& s : st) {
+              nb::dict d;
+              d["rail"] = s.rail;
+              d["local_nic"] = s.local_nic;
+              d["remote_nic"] = s.remote_nic;
+              d["nic"] = s.local_nic_name;
+              d["local_addr"] = s.local_addr;
+              d["remote_addr"] = s.remote_addr;
+              d["state"] = s.state;
+              d["weight"] = s.weight;
+              d["tx_bytes"] = s.tx_bytes;
+              d["rx_bytes"] = s.rx_bytes;
+              d["tx_chunks"] = s.tx_chunks;
+              d["rx_chunks"] = s.rx_chunks;
+              d["acked_bytes"] = s.acked_bytes;
+              d["retransmitted_chunks"] = s.retransmitted_chunks;
+              d["inflight_bytes"] = s.inflight_bytes;
+              d["failures"] = s.failures;
+              d["recoveries"] = s.recoveries;
+              d["fault"] = s.fault;
+              d["last_error"] = s.last_error;
+              d["last_change_unix_s"] = s.last_change_unix_s;
+              out.append(d);
+            }
+            return out;
+          },
+          nb::arg("peer"))
+      .def(
+          "inject",
+          [](Endpoint& ep, int peer, int rail, const std::string& fault, double rate) {
+            Fault f = parse_fault(fault);
+            nb::gil_scoped_release nogil;
+            ep.inject(peer, rail, f, rate);
+          },
+          nb::arg("peer"), nb::arg("rail"), nb::arg("fault"), nb::arg("rate_bytes_per_s") = 0.0)
+      .def(
+          "set_rail_weight",
+          [](Endpoint& ep, int peer, int rail, double w) {
+            nb::gil_scoped_release nogil;
+            ep.set_rail_weight(peer, rail, w);
+          },
+          nb::arg("peer"), nb::arg("rail"), nb::arg("weight"))
+      .def(
+          "close",
+          [](Endpoint& ep) {
+            nb::gil_scoped_release nogil;
+            ep.close();
+          });
+
+  m.def("unix_time", &unix_time_s);
+}

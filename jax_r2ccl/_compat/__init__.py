@@ -1,0 +1,1 @@
+"""Shims over private or drifting JAX APIs, each isolated here with a test."""

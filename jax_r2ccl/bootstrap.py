@@ -1,0 +1,88 @@
+"""Bootstrap: exchange listen addresses and the job secret through a key-value store, then
+connect every pair of ranks. Stores: jax.distributed's (JaxStore, the usual multi-host
+path), a shared directory (FileStore, for processes on one machine), or explicit addresses
+(Endpoint.add_peer)."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Protocol
+
+from .config import Config
+from .errors import R2cclError
+from .transport import Endpoint
+
+
+class KeyValueStore(Protocol):
+    def set(self, key: str, value: bytes) -> None: ...
+    def get(self, key: str, timeout_s: float) -> bytes: ...
+
+
+class FileStore:
+    """Keys as files in a directory shared by processes on one machine (mode 0700)."""
+
+    def __init__(self, path: str):
+        self.path = path
+        os.makedirs(path, mode=0o700, exist_ok=True)
+
+    def _file(self, key: str) -> str:
+        return os.path.join(self.path, key.replace("/", "__"))
+
+    def set(self, key: str, value: bytes) -> None:
+        tmp = self._file(key) + f".tmp{os.getpid()}"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(value)
+        os.rename(tmp, self._file(key))
+
+    def get(self, key: str, timeout_s: float) -> bytes:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                with open(self._file(key), "rb") as f:
+                    return f.read()
+            except FileNotFoundError:
+                if time.monotonic() > deadline:
+                    raise R2cclError(f"bootstrap: key {key!r} not published within {timeout_s} s "
+                                     "(did every process start?)", cause="timeout") from None
+                time.sleep(0.005)
+
+
+def connect(store: KeyValueStore, rank: int, world: int, *, nics=None, config: Config | None = None,
+            prefix: str = "r2ccl", timeout: float | None = None) -> Endpoint:
+    """Opens an endpoint on this rank, publishes its addresses, connects to every other
+    rank and waits until every rail is up. The secret comes from R2CCL_SECRET or is made
+    by rank 0 and shared through the store."""
+    config = config or Config.from_env()
+    timeout = config.timeout_s if timeout is None else timeout
+    if not 0 <= rank < world:
+        raise R2cclError(f"rank {rank} is outside world size {world}")
+    secret = config.secret_bytes()
+    if secret is None:
+        if rank == 0:
+            secret = Endpoint.new_secret()
+            store.set(f"{prefix}/secret", secret)
+        else:
+            secret = store.get(f"{prefix}/secret", timeout)
+    ep = Endpoint(rank, world, nics=nics, secret=secret, config=config)
+    try:
+        store.set(f"{prefix}/addr/{rank}", json.dumps(ep.addresses).encode())
+        for peer in range(world):
+            if peer != rank:
+                addrs = json.loads(store.get(f"{prefix}/addr/{peer}", timeout).decode())
+                ep.add_peer(peer, addrs)
+        ep.wait_ready(timeout=timeout)
+    except BaseException:
+        ep.close()
+        raise
+    return ep
+
+
+def connect_jax(*, nics=None, config: Config | None = None, prefix: str = "r2ccl",
+                timeout: float | None = None) -> Endpoint:
+    """connect() through jax.distributed's key-value store (after jax.distributed.initialize())."""
+    from ._compat.jax_kv import JaxStore, process_index_and_count
+    rank, world = process_index_and_count()
+    return connect(JaxStore(), rank, world, nics=nics, config=config, prefix=prefix, timeout=timeout)

@@ -1,0 +1,119 @@
+"""The multi-rail transport from Python: an endpoint over several NICs, point-to-point
+sends and receives of numpy buffers, per-rail counters and software fault injection.
+Collectives are built on this (next layer); tests and benchmarks use it directly."""
+
+from __future__ import annotations
+
+import secrets as _secrets
+from typing import Sequence
+
+import numpy as np
+
+from . import _core
+from .config import Config
+from .errors import R2cclError
+
+FAULTS = ("close", "stall", "rate", "heal")
+
+
+def _as_buffer(arr, writable: bool) -> np.ndarray:
+    if not isinstance(arr, np.ndarray):
+        raise R2cclError(f"expected a numpy array, got {type(arr).__name__}")
+    if not arr.flags.c_contiguous:
+        raise R2cclError("the buffer must be C-contiguous (use np.ascontiguousarray)")
+    if writable and not arr.flags.writeable:
+        raise R2cclError("the receive buffer is read-only")
+    # A byte view: the core moves bytes and must not care about the dtype.
+    return arr.reshape(-1).view(np.uint8)
+
+
+class Request:
+    """A posted send or receive; `wait()` raises R2cclError on failure or timeout."""
+
+    def __init__(self, core_req, array):
+        self._req = core_req
+        self._array = array
+
+    def wait(self, timeout: float | None = None):
+        self._req.wait(-1.0 if timeout is None else float(timeout))
+        return self._array
+
+    def done(self) -> bool:
+        return self._req.done()
+
+
+class Endpoint:
+    """This process's end of the transport: one listener per NIC, a channel per peer.
+
+    Args:
+      rank, world: this process's rank and the number of processes.
+      nics: interface names or IPv4 addresses; default: the config's R2CCL_NICS.
+      secret: the job secret (bytes, >= 16), identical on every rank.
+      config: a Config; default Config.from_env().
+    """
+
+    def __init__(self, rank: int, world: int, nics: Sequence[str] | None = None,
+                 secret: bytes | None = None, config: Config | None = None):
+        self.config = config or Config.from_env()
+        self.nics = list(nics) if nics is not None else self.config.nic_list()
+        if secret is None:
+            secret = self.config.secret_bytes()
+        if secret is None:
+            raise R2cclError("an endpoint needs the job secret (bootstrap shares one)")
+        self._ep = _core.Endpoint(self.config.to_core(), int(rank), int(world), self.nics, bytes(secret))
+        self.rank, self.world = int(rank), int(world)
+        self.peers: list[int] = []
+
+    @staticmethod
+    def new_secret() -> bytes:
+        return _secrets.token_bytes(32)
+
+    @property
+    def addresses(self) -> list[str]:
+        """'ip:port' of this endpoint's listener on each NIC, in NIC order."""
+        return list(self._ep.addresses)
+
+    def add_peer(self, peer: int, addresses: Sequence[str]) -> None:
+        self._ep.add_peer(int(peer), list(addresses))
+        self.peers.append(int(peer))
+
+    def wait_ready(self, peers: Sequence[int] | None = None, timeout: float | None = None) -> None:
+        peers = self.peers if peers is None else list(peers)
+        self._ep.wait_ready(peers, self.config.timeout_s if timeout is None else float(timeout))
+
+    def isend(self, peer: int, array: np.ndarray, tag: int = 0) -> Request:
+        buf = _as_buffer(array, writable=False)
+        return Request(self._ep.isend(int(peer), buf, int(tag), array), array)
+
+    def irecv(self, peer: int, array: np.ndarray, tag: int = 0) -> Request:
+        buf = _as_buffer(array, writable=True)
+        return Request(self._ep.irecv(int(peer), buf, int(tag), array), array)
+
+    def send(self, peer: int, array: np.ndarray, tag: int = 0, timeout: float | None = None) -> None:
+        self.isend(peer, array, tag).wait(timeout)
+
+    def recv(self, peer: int, array: np.ndarray, tag: int = 0, timeout: float | None = None) -> np.ndarray:
+        return self.irecv(peer, array, tag).wait(timeout)
+
+    def rail_stats(self, peer: int) -> list[dict]:
+        return self._ep.rail_stats(int(peer))
+
+    def inject(self, peer: int, rail: int, fault: str, rate_bytes_per_s: float = 0.0) -> None:
+        """Software fault on this side of one rail (sticky until 'heal'):
+        'close' shuts the connection and keeps it down, 'stall' stops reading and writing
+        (a black hole), 'rate' caps its sending rate, 'heal' ends the fault."""
+        if fault not in FAULTS:
+            raise R2cclError(f"unknown fault {fault!r}; use one of {', '.join(FAULTS)}")
+        self._ep.inject(int(peer), int(rail), fault, float(rate_bytes_per_s))
+
+    def set_rail_weight(self, peer: int, rail: int, weight: float) -> None:
+        self._ep.set_rail_weight(int(peer), int(rail), float(weight))
+
+    def close(self) -> None:
+        self._ep.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
