@@ -56,7 +56,7 @@ def connect(store: KeyValueStore, rank: int, world: int, *, nics=None, config: C
     rank and waits until every rail is up. The secret comes from R2CCL_SECRET or is made
     by rank 0 and shared through the store."""
     config = config or Config.from_env()
-    timeout = config.timeout_s if timeout is None else timeout
+    timeout = config.bootstrap_timeout_s if timeout is None else timeout
     if not 0 <= rank < world:
         raise R2cclError(f"rank {rank} is outside world size {world}")
     secret = config.secret_bytes()
@@ -74,6 +74,11 @@ def connect(store: KeyValueStore, rank: int, world: int, *, nics=None, config: C
                 addrs = json.loads(store.get(f"{prefix}/addr/{peer}", timeout).decode())
                 ep.add_peer(peer, addrs)
         ep.wait_ready(timeout=timeout)
+        # Everyone's rails are up before anyone starts: a rank that returned early could
+        # otherwise act on its rails while a peer still waits for them.
+        store.set(f"{prefix}/ready/{rank}", b"1")
+        for peer in range(world):
+            store.get(f"{prefix}/ready/{peer}", timeout)
     except BaseException:
         ep.close()
         raise

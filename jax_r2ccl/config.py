@@ -37,6 +37,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("R2CCL_TIMEOUT", "timeout_s", float, 30.0,
             "Seconds an operation may wait, and how long every rail to a peer may stay down, "
             "before it fails with an error naming the peer."),
+    Setting("R2CCL_BOOTSTRAP_TIMEOUT", "bootstrap_timeout_s", float, 300.0,
+            "Seconds bootstrap waits for every rank to publish its addresses and for rails to come up."),
     Setting("R2CCL_HEARTBEAT_MS", "heartbeat_ms", int, 100,
             "Heartbeat period on idle rails."),
     Setting("R2CCL_HEARTBEAT_MISSES", "heartbeat_misses", int, 3,
@@ -93,6 +95,7 @@ class Config:
     rail_window_bytes: int = 4 << 20
     conns_per_nic: int = 1
     timeout_s: float = 30.0
+    bootstrap_timeout_s: float = 300.0
     heartbeat_ms: int = 100
     heartbeat_misses: int = 3
     stall_ms: int = 250

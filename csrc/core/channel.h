@@ -84,7 +84,8 @@ struct Rail {
   std::vector<std::pair<uint64_t, uint64_t>> acks;   // seq ranges to acknowledge
 
   int64_t last_rx_ns = 0, last_tx_ns = 0, last_ack_ns = 0, progress_ns = 0, changed_ns = 0;
-  bool closed_by_peer = false;     // last failure was EOF, reset or refusal (not silence)
+  bool closed_by_peer = false;     // the established connection ended by EOF or reset (not silence)
+  bool refused = false;            // the last connect attempt was actively refused
 
   Fault fault = Fault::kNone;
   double rate_bps = 0, tokens = 0;
@@ -148,6 +149,7 @@ struct Channel {
   std::string dead_msg;
   bool bye_received = false;
   int64_t all_down_since = 0;
+  int64_t last_probe_ns = 0;       // acceptor side: last liveness probe of the peer's listener
 
   bool seq_applied(uint64_t s) const { return s < rx_cum || rx_ooo.count(s) != 0; }
   void mark_applied(uint64_t s) {

@@ -3,6 +3,7 @@
 // says otherwise. Knows nothing of collectives or JAX.
 #include "core/engine.h"
 
+#include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/random.h>
 #include <unistd.h>
@@ -389,7 +390,10 @@ void Engine::accept_all(int nic) {
 }
 
 void Engine::pending_reject(Pending& p, const std::string& why) {
-  R2_WARN("rejected connection %s on NIC %s: %s", p.desc.c_str(), nics_[p.nic].name.c_str(), why.c_str());
+  // A dial that closes without a byte (a liveness probe, a port check) is not an intruder.
+  bool silent = p.stage == 0 && p.rx.hdr_got == 0 && why.rfind("closed", 0) == 0;
+  R2_LOG(silent ? LogLevel::kInfo : LogLevel::kWarn, "rejected connection %s on NIC %s: %s", p.desc.c_str(),
+         nics_[p.nic].name.c_str(), why.c_str());
   epoll_del(p.conn->fd());
   p.conn.reset();
   p.dead = true;
@@ -514,7 +518,7 @@ void Engine::attempt_failed(Channel& ch, Rail& r, const std::string& why, bool r
   }
   r.rx.reset();
   r.state = RailState::kDown;
-  if (r.ever_up) r.closed_by_peer = refused;
+  r.refused = refused;
   r.last_error = why;
   r.next_attempt_ns = now_ns() + cfg_.reprobe_ms * kMs;
   R2_INFO("%s: connection attempt failed: %s", rail_name(ch, r).c_str(), why.c_str());
@@ -531,6 +535,7 @@ void Engine::rail_up(Channel& ch, Rail& r) {
   r.state = RailState::kUp;
   r.ever_up = true;
   r.closed_by_peer = false;
+  r.refused = false;
   r.last_rx_ns = r.last_tx_ns = r.last_ack_ns = r.progress_ns = r.changed_ns = now;
   r.changed_unix_s = unix_time_s();
   r.vtime = ch.vclock;
@@ -546,7 +551,7 @@ void Engine::rail_up(Channel& ch, Rail& r) {
 void Engine::fail_rail(Channel& ch, Rail& r, const std::string& why, bool by_peer) {
   if (r.state == RailState::kDown) return;
   if (r.state != RailState::kUp) {
-    attempt_failed(ch, r, why, by_peer);
+    attempt_failed(ch, r, why, false);   // only ECONNREFUSED counts as a refusal
     return;
   }
   int64_t now = now_ns();
@@ -625,8 +630,11 @@ bool Engine::rail_flush(Channel& ch, Rail& r) {
       int64_t now = now_ns();
       r.tokens = std::min(r.tokens + (now - r.tokens_ns) * 1e-9 * r.rate_bps, std::max(65536.0, r.rate_bps / 100));
       r.tokens_ns = now;
-      if (r.tokens < 1) {
-        r.next_tx_ns = now + static_cast<int64_t>(std::max(1e6, 1e9 * 4096 / r.rate_bps));
+      // Write in batches of at least 16 KiB (or the rest of the frame): trickling a few
+      // bytes per syscall as tokens accrue would spin the engine and starve other rails.
+      double need = static_cast<double>(std::min<size_t>(left, 16384));
+      if (r.tokens < need) {
+        r.next_tx_ns = now + std::max<int64_t>(kMs / 2, static_cast<int64_t>(1e9 * (need - r.tokens) / r.rate_bps));
         set_interest(r);
         return true;
       }
@@ -866,7 +874,9 @@ void Engine::rail_data_header(Channel& ch, Rail& r) {
   InMsg& m = it->second;
   if (m.discard || m.aborted) return;
   rx.scratch = false;
-  rx.dest = (m.req ? m.req->buf : m.staging.data()) + h.offset;
+  // A message that began unexpected keeps landing in staging until whole (chunks already
+  // there are copied once at completion); one whose receive came first lands in place.
+  rx.dest = (m.staging.empty() ? m.req->buf : m.staging.data()) + h.offset;
 }
 
 void Engine::rail_data_done(Channel& ch, Rail& r) {
@@ -1060,6 +1070,7 @@ void Engine::pump(Channel& ch) {
     r.cur.active = true;
     r.cur.is_data = true;
     r.cur.seq = c.seq;
+    R2_TRACE("deal seq %lu len %u to rail %d (inflight %lu)", (unsigned long)c.seq, c.len, r.index, (unsigned long)r.inflight);
     ch.window.emplace(c.seq, std::move(c));
     rail_flush(ch, r);
   }
@@ -1305,10 +1316,11 @@ void Engine::check_channel(Channel& ch, int64_t now) {
     return;
   }
   if (ch.all_down_since == 0) ch.all_down_since = now;
-  bool ever_up = false, all_closed = true;
+  bool ever_up = false, all_closed = true, all_refused = true;
   for (auto& r : ch.rails) {
     ever_up = ever_up || r->ever_up;
     all_closed = all_closed && r->closed_by_peer;
+    all_refused = all_refused && r->refused;
   }
   if (!ever_up) return;   // still starting up: wait_ready() reports that
   int64_t down_ms = (now - ch.all_down_since) / kMs;
@@ -1316,11 +1328,19 @@ void Engine::check_channel(Channel& ch, int64_t now) {
     kill_channel(ch, Cause::kPeerGone, "rank " + std::to_string(ch.peer) + " closed its r2ccl endpoint");
     return;
   }
+  // A dead process's kernel resets its connections and refuses new ones; a NIC failure does
+  // neither. The dialling side sees refusals on every re-dial; the listening side, once
+  // every connection was closed on it, asks the peer's listener directly.
   int64_t grace_ms = std::max<int64_t>(1000, 3 * cfg_.reprobe_ms);
-  if (all_closed && down_ms >= grace_ms) {
+  bool gone = ch.connector ? all_refused : false;
+  if (!ch.connector && all_closed && down_ms >= grace_ms && now - ch.last_probe_ns > grace_ms * kMs) {
+    ch.last_probe_ns = now;
+    gone = probe_refused(ch);
+  }
+  if (gone && down_ms >= grace_ms / 2) {
     kill_channel(ch, Cause::kPeerGone,
-                 peer_name(ch) + " is gone: every connection to it was closed or refused for " +
-                     std::to_string(down_ms) + " ms (process exited or was killed?)");
+                 peer_name(ch) + " is gone: its connections were closed and its listener refuses new ones (" +
+                     std::to_string(down_ms) + " ms without a rail; process exited or was killed?)");
     return;
   }
   const int64_t limit = static_cast<int64_t>(cfg_.timeout_s * 1e9);
@@ -1339,6 +1359,27 @@ void Engine::check_channel(Channel& ch, int64_t now) {
   for (auto& [k, req] : ch.posted) expire(req);
   for (auto& [id, m] : ch.inmsgs)
     if (m.req) expire(m.req);
+}
+
+// Dials the peer's first listener that is not held down by an injected fault and waits up to
+// 100 ms: true only when the connection is actively refused (nothing listens there any more).
+bool Engine::probe_refused(Channel& ch) {
+  for (auto& r : ch.rails) {
+    if (r->fault == Fault::kClose || r->fault == Fault::kStall) continue;
+    std::unique_ptr<Connection> c;
+    try {
+      c = tp_->connect(nics_[r->local_nic], ch.remote[r->remote_nic], sockopt_);
+    } catch (const Error&) {
+      continue;
+    }
+    pollfd pfd{c->fd(), POLLOUT, 0};
+    ::poll(&pfd, 1, 100);
+    IoResult res = c->finish_connect();
+    R2_INFO("liveness probe of %s: %s", peer_name(ch).c_str(),
+            res.kind == IoResult::kOk ? "listening" : res.kind == IoResult::kError ? std::strerror(res.err) : "no answer");
+    return res.kind == IoResult::kError && res.err == ECONNREFUSED;
+  }
+  return false;
 }
 
 // ---------------------------------------------------------------- stats, faults, weights

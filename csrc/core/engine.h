@@ -102,6 +102,7 @@ class Engine {
   void redirect_to_scratch(Channel& ch, uint64_t msg_id);
   void kill_channel(Channel& ch, Cause cause, const std::string& why);
   void check_channel(Channel& ch, int64_t now);
+  bool probe_refused(Channel& ch);
   std::string peer_name(const Channel& ch) const;
   std::string rail_name(const Channel& ch, const Rail& r) const;
 

@@ -10,7 +10,9 @@
 #include "base/config.h"
 #include "base/error.h"
 #include "base/log.h"
+#include "core/digest.h"
 #include "core/endpoint.h"
+#include "core/wire.h"
 
 namespace nb = nanobind;
 using namespace r2ccl;
@@ -175,4 +177,30 @@ NB_MODULE(_core, m) {
           });
 
   m.def("unix_time", &unix_time_s);
+
+  // Wire-level helpers for tests that play a stranger on the listen port.
+  m.def("_encode_frame", [](int type, nb::bytes payload, uint64_t seq) {
+    FrameHeader h;
+    h.type = static_cast<FrameType>(type);
+    h.payload_len = static_cast<uint32_t>(payload.size());
+    h.seq = seq;
+    uint8_t hdr[kHeaderBytes];
+    encode_header(h, hdr);
+    std::string out(reinterpret_cast<char*>(hdr), kHeaderBytes);
+    out.append(payload.c_str(), payload.size());
+    return nb::bytes(out.data(), out.size());
+  }, nb::arg("type"), nb::arg("payload"), nb::arg("seq") = 0);
+  m.def("_encode_hello", [](nb::bytes secret, uint32_t from_rank, uint32_t to_rank, uint32_t rail) {
+    HelloBody b{};
+    auto id = sha256(secret.c_str(), secret.size());
+    b.job_id = load_le64(id.data());
+    b.from_rank = from_rank;
+    b.to_rank = to_rank;
+    b.rail = rail;
+    b.epoch = 1;
+    uint8_t out[kHelloBytes];
+    encode_hello(b, out);
+    return nb::bytes(reinterpret_cast<char*>(out), kHelloBytes);
+  });
+  m.def("crc32c", [](nb::bytes data) { return crc32c(data.c_str(), data.size()); });
 }

@@ -1,0 +1,53 @@
+"""Command line of jax_r2ccl: `python -m jax_r2ccl bench p2p ...` (benchmarks, see
+jax_r2ccl/bench/) and `python -m jax_r2ccl demo ...` (jax_r2ccl.demo). Each subcommand
+imports its module only when it runs."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+
+def _bench_p2p(args: argparse.Namespace) -> int:
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")   # before anything imports jax
+    from .bench import p2p
+    return p2p.main(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m jax_r2ccl",
+                                     description="jax_r2ccl: fault-tolerant multi-NIC communication for JAX")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    bench = sub.add_parser("bench", help="benchmarks (run one process per host)")
+    bench_sub = bench.add_subparsers(dest="bench", metavar="BENCH", required=True)
+    from .bench import p2p   # argument definitions only: imports numpy, not jax
+    p = bench_sub.add_parser("p2p", help="point-to-point bandwidth, rank 2k -> 2k+1, every byte checked",
+                             description=p2p.__doc__)
+    p2p.add_args(p)
+    p.set_defaults(handler=_bench_p2p)
+
+    sub.add_parser("demo", help="the fault-tolerance demo (arguments go to jax_r2ccl.demo)",
+                   add_help=False)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "demo":
+        try:
+            import importlib
+            demo = importlib.import_module(f"{__package__}.demo")   # written separately; lazy
+        except ModuleNotFoundError as e:
+            if e.name != f"{__package__}.demo":
+                raise
+            print("python -m jax_r2ccl demo: this installation has no jax_r2ccl.demo", file=sys.stderr)
+            return 2
+        return int(demo.main(argv[1:]) or 0)
+    args = build_parser().parse_args(argv)
+    return int(args.handler(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

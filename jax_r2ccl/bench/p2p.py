@@ -1,0 +1,475 @@
+"""`python -m jax_r2ccl bench p2p`: point-to-point bandwidth of the multi-rail transport,
+rank 2k -> 2k+1, every byte checked, with baselines (one rail; MPTCP over the same hosts)
+and an optional fault injected mid-transfer. See BENCHMARKS.md for the test-bed numbers."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import errno
+import os
+import socket
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+from .common import (Column, Dist, FaultTrigger, add_common_args, format_size, format_table,
+                     median, nic_ipv4, write_json)
+
+IPPROTO_MPTCP = 262
+SOL_MPTCP = 284
+MPTCP_INFO = 1
+TAG_DATA, TAG_READY = 1, 2
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+
+
+def add_args(p: argparse.ArgumentParser) -> None:
+    add_common_args(p)
+    p.add_argument("--no-baselines", action="store_true",
+                   help="only the multi-rail transport (skip r2ccl-1rail and mptcp)")
+    p.add_argument("--mptcp-port", type=int, default=0, metavar="P",
+                   help="MPTCP server port on the receiver (pair k uses P+k); 0: any free port")
+    p.add_argument("--fault-at", type=float, default=None, metavar="SECONDS",
+                   help="process 0 fires the fault this long after the first timed iteration of "
+                        "the largest size starts (r2ccl only)")
+    p.add_argument("--fault-cmd", default=None, metavar="CMD",
+                   help="shell command process 0 runs at --fault-at (e.g. netns.sh fail 1 2)")
+    p.add_argument("--inject-rail", type=int, default=None, metavar="R",
+                   help="at --fault-at, inject a software fault on rail R of process 0's endpoint")
+    p.add_argument("--inject", default=None, choices=("close", "stall", "rate"),
+                   help="the software fault for --inject-rail")
+    p.add_argument("--inject-rate", type=float, default=0.0, metavar="BYTES_PER_S",
+                   help="rate for --inject rate")
+    p.add_argument("--inject-heal-after", type=float, default=None, metavar="S",
+                   help="heal the injected fault this many seconds after it fired")
+    p.add_argument("--print-iters", action="store_true",
+                   help="also print every timed iteration (always on with a fault)")
+    p.add_argument("--prefix", default="bench-p2p",
+                   help="bootstrap key prefix (distinct per run sharing a coordinator)")
+
+
+# ---------------------------------------------------------------- data pattern
+
+
+class Pattern:
+    """A message-sized byte pattern that depends on (size, message number): 64-bit words
+    arange*golden XOR a per-message seed whose bytes all change from one message to the
+    next, so a chunk in the wrong place or from another message cannot go unnoticed."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self.words = (size + 7) // 8
+        self.base = np.arange(self.words, dtype=np.uint64) * _GOLDEN
+
+    def seed(self, msg: int) -> np.uint64:
+        b = (2 * msg + 1 + (self.size * 131) % 251) & 0xFF
+        return np.uint64(b * 0x0101010101010101)
+
+    def buffer(self) -> np.ndarray:
+        return np.empty(self.words, dtype=np.uint64)
+
+    def fill(self, out: np.ndarray, msg: int) -> None:
+        np.bitwise_xor(self.base, self.seed(msg), out=out)
+
+    def view(self, words: np.ndarray) -> np.ndarray:
+        """The message's bytes (the buffer may hold up to 7 bytes more)."""
+        return words.view(np.uint8)[: self.size]
+
+
+# ---------------------------------------------------------------- roles
+
+
+def pair_of(rank: int, world: int) -> tuple[str, int, int]:
+    """('send', peer, pair index), ('recv', peer, pair index) or ('idle', -1, -1)."""
+    if rank % 2 == 0 and rank + 1 < world:
+        return "send", rank + 1, rank // 2
+    if rank % 2 == 1:
+        return "recv", rank - 1, rank // 2
+    return "idle", -1, -1
+
+
+class Runner:
+    def __init__(self, args, dist: Dist, nics: list[str]):
+        self.args, self.dist, self.nics = args, dist, nics
+        self.role, self.peer, self.pair = pair_of(dist.rank, dist.world)
+        self.results: list[dict] = []
+        self.iterations: list[dict] = []
+        self.rail_stats: dict[str, Any] = {}
+        self.notes: list[str] = []
+        self.errors: list[str] = []
+        self.fault: FaultTrigger | None = None
+        self.msg = 0           # message counter: every message has its own pattern
+
+    # ---- one implementation: a send(buf_bytes) / recv(buf_bytes) pair of callables
+
+    def run_impl(self, impl: str, send, recv, ready_send, ready_recv, rails_fn, arm_fault: bool,
+                 per_iter_rails=None) -> None:
+        a = self.args
+        largest = max(a.sizes)
+        for size in a.sizes:
+            pat = Pattern(size)
+            if self.role == "send":
+                buf = pat.buffer()
+                data = pat.view(buf)
+            else:
+                buf, expect = pat.buffer(), pat.buffer()
+                data, expect_b = pat.view(buf), pat.view(expect)
+            times, wrong, failed = [], 0, None
+            rails_before = rails_fn() if (rails_fn and self.role == "recv") else None
+            for it in range(a.warmup + a.iters):
+                timed = it >= a.warmup
+                msg = self.msg
+                self.msg += 1
+                try:
+                    if self.role == "send":
+                        pat.fill(buf, msg)
+                        ready_recv()
+                        if arm_fault and self.fault and timed and size == largest and it == a.warmup:
+                            self.fault.arm()
+                        send(data)
+                    else:
+                        pat.fill(expect, msg)
+                        np.invert(expect, out=buf)              # poison: every byte differs
+                        before = per_iter_rails() if (per_iter_rails and timed) else None
+                        t0u = time.time()
+                        t0 = time.perf_counter()
+                        recv(data, ready_send)
+                        t1 = time.perf_counter()
+                        ok = np.array_equal(data, expect_b)
+                        if timed:
+                            dt = t1 - t0
+                            times.append(dt)
+                            wrong += not ok
+                            rec = {"impl": impl, "op": "p2p", "size_bytes": size, "iter": it - a.warmup,
+                                   "t_start": t0u, "t_end": t0u + dt, "time_us": dt * 1e6,
+                                   "wrong": int(not ok), "pair": self.pair}
+                            if before is not None:
+                                after = per_iter_rails()
+                                rec["rail_bytes"] = [x - y for x, y in zip(after, before)]
+                            self.iterations.append(rec)
+                        elif not ok:
+                            wrong += 1     # a wrong warm-up message is still wrong
+                except Exception as e:  # noqa: BLE001 - a failed transfer is a result
+                    failed = f"{type(e).__name__}: {e}"
+                    self.errors.append(f"{impl} {format_size(size)} iteration {it}: {failed}")
+                    print(f"bench: rank {self.dist.rank}: {impl} {format_size(size)} iteration {it}: {failed}",
+                          file=sys.stderr, flush=True)
+                    if self.role == "recv":
+                        wrong += 1
+                        if timed:
+                            self.iterations.append({"impl": impl, "op": "p2p", "size_bytes": size,
+                                                    "iter": it - a.warmup, "t_start": None, "t_end": None,
+                                                    "time_us": None, "wrong": 1, "pair": self.pair,
+                                                    "error": failed})
+                    break
+            if self.role == "recv":
+                rails = None
+                if rails_fn:
+                    after = rails_fn()
+                    if isinstance(after, list):
+                        rails = sum(1 for x, y in zip(after, rails_before) if x > y)
+                    else:
+                        rails = after
+                t = median(times)
+                row = {"impl": impl, "op": "p2p", "size_bytes": size, "iters": len(times), "rails": rails,
+                       "time_us_median": None if t is None else t * 1e6,
+                       "time_us_min": min(times) * 1e6 if times else None,
+                       "time_us_max": max(times) * 1e6 if times else None,
+                       "algbw_GBps": None if not t else size / t / 1e9,
+                       "wrong": wrong, "pair": self.pair}
+                if failed:
+                    row["error"] = failed
+                    row["note"] = f"failed: {failed[:120]}"
+                self.results.append(row)
+            if failed:
+                return
+
+    # ---- r2ccl over a set of NICs
+
+    def run_r2ccl(self, impl: str, nics: list[str], arm_fault: bool) -> None:
+        from ..bootstrap import connect_jax
+        from ..config import Config
+        a = self.args
+        cfg = Config.from_env()
+        ep = connect_jax(nics=nics, config=cfg, prefix=f"{a.prefix}/{impl}", timeout=a.timeout)
+        try:
+            empty = np.empty(0, dtype=np.uint8)
+            peer = self.peer
+
+            def send(data):
+                ep.isend(peer, data, TAG_DATA).wait(a.timeout)
+
+            def ready_recv():
+                ep.recv(peer, np.empty(0, dtype=np.uint8), TAG_READY, timeout=a.timeout)
+
+            def ready_send():
+                return ep.isend(peer, empty, TAG_READY)
+
+            def recv(data, ready):
+                r = ep.irecv(peer, data, TAG_DATA)
+                s = ready()
+                r.wait(a.timeout)
+                s.wait(a.timeout)
+
+            def rail_rx():
+                return [s["rx_bytes"] for s in ep.rail_stats(peer)]
+
+            if arm_fault and self.role == "send" and (a.fault_cmd or a.inject):
+                self.fault = self._make_fault(ep)
+            if self.role == "idle":
+                pass
+            else:
+                self.run_impl(impl, send, recv, ready_send, ready_recv, rail_rx, arm_fault,
+                              per_iter_rails=rail_rx)
+            if self.fault and arm_fault:
+                self.fault.join(timeout=a.timeout)
+            self.dist.barrier(f"{a.prefix}/{impl}/done")
+            if self.role != "idle":
+                self.rail_stats[impl] = {"peer": peer, "rails": ep.rail_stats(peer)}
+        finally:
+            ep.close()
+
+    def _make_fault(self, ep) -> FaultTrigger:
+        a = self.args
+        action = None
+        if a.inject:
+            rail, fault, rate, heal = a.inject_rail or 0, a.inject, a.inject_rate, a.inject_heal_after
+
+            def action():
+                ep.inject(self.peer, rail, fault, rate)
+                if heal is not None:
+                    time.sleep(heal)
+                    ep.inject(self.peer, rail, "heal")
+        return FaultTrigger(a.fault_at or 0.0, a.fault_cmd, action)
+
+    # ---- MPTCP baseline
+
+    def run_mptcp(self) -> None:
+        a = self.args
+        key = f"{a.prefix}/mptcp/{self.pair}"
+        port = (a.mptcp_port + self.pair) if a.mptcp_port else 0
+        sock = conn = None
+        info_rails = None
+        try:
+            if self.role == "recv":
+                try:
+                    ip = nic_ipv4(self.nics[0])
+                    srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM, IPPROTO_MPTCP)
+                    srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                    srv.bind((ip, port))
+                    srv.listen(1)
+                    sock = srv
+                    self.dist.set_json(f"{key}/server", {"ok": True, "addr": [ip, srv.getsockname()[1]]})
+                except OSError as e:
+                    self.dist.set_json(f"{key}/server", {"ok": False, "error": _oserr(e)})
+                    raise _Unavailable(f"the receiver could not open an MPTCP socket: {_oserr(e)}")
+                client = self.dist.get_json(f"{key}/client")
+                if not client["ok"]:
+                    raise _Unavailable(client["error"])
+                srv.settimeout(a.timeout)
+                conn, _ = srv.accept()
+                conn.settimeout(a.timeout)
+            elif self.role == "send":
+                server = self.dist.get_json(f"{key}/server")
+                if not server["ok"]:
+                    raise _Unavailable(server["error"])
+                try:
+                    conn = socket.socket(socket.AF_INET, socket.SOCK_STREAM, IPPROTO_MPTCP)
+                    conn.bind((nic_ipv4(self.nics[0]), 0))
+                except OSError as e:
+                    self.dist.set_json(f"{key}/client", {"ok": False, "error": f"the sender could not open "
+                                                         f"an MPTCP socket: {_oserr(e)}"})
+                    raise _Unavailable(_oserr(e))
+                self.dist.set_json(f"{key}/client", {"ok": True})
+                conn.settimeout(a.timeout)
+                conn.connect(tuple(server["addr"]))
+            else:
+                return
+
+            def send(data):
+                conn.sendall(memoryview(data))
+
+            def ready_recv():
+                if conn.recv(1) != b"R":
+                    raise ConnectionError("MPTCP peer closed the connection")
+
+            def ready_send():
+                conn.sendall(b"R")
+
+            def recv(data, ready):
+                ready()
+                mv = memoryview(data)
+                got, n = 0, len(data)
+                while got < n:
+                    k = conn.recv_into(mv[got:], n - got)
+                    if k == 0:
+                        raise ConnectionError(f"MPTCP peer closed the connection after {got} of {n} bytes")
+                    got += k
+
+            def rails():
+                return mptcp_subflows(conn)
+
+            self.run_impl("mptcp", send, recv, ready_send, ready_recv, rails, arm_fault=False)
+            self.rail_stats["mptcp"] = {"subflows": mptcp_subflows(conn), "info": mptcp_info(conn)}
+        except _Unavailable as e:
+            self._mptcp_unavailable(str(e))
+        except OSError as e:
+            if self.role == "recv" and not any(r["impl"] == "mptcp" for r in self.results):
+                self._mptcp_unavailable(f"MPTCP connection failed: {_oserr(e)}")
+            else:
+                self.errors.append(f"mptcp: {_oserr(e)}")
+        finally:
+            for s in (conn, sock):
+                if s is not None:
+                    s.close()
+            self.dist.barrier(f"{a.prefix}/mptcp/done")
+
+    def _mptcp_unavailable(self, why: str) -> None:
+        self.notes.append(f"mptcp unavailable: {why}")
+        if self.role == "recv":
+            self.results.append({"impl": "mptcp", "op": "p2p", "size_bytes": None, "iters": 0, "rails": None,
+                                 "time_us_median": None, "algbw_GBps": None, "wrong": 0, "pair": self.pair,
+                                 "available": False, "note": f"mptcp unavailable: {why}"})
+
+
+class _Unavailable(Exception):
+    pass
+
+
+def _oserr(e: OSError) -> str:
+    name = errno.errorcode.get(e.errno, "") if e.errno else ""
+    return f"{name} {e}".strip()
+
+
+def mptcp_info(s: socket.socket) -> dict | None:
+    """A few fields of struct mptcp_info (linux/mptcp.h), or None on a plain TCP socket."""
+    try:
+        raw = s.getsockopt(SOL_MPTCP, MPTCP_INFO, 256)
+    except OSError:
+        return None
+    if len(raw) < 8:
+        return None
+    return {"subflows": raw[0], "add_addr_signal": raw[1], "add_addr_accepted": raw[2],
+            "subflows_max": raw[3]}
+
+
+def mptcp_subflows(s: socket.socket) -> int | str:
+    """Subflows of an MPTCP connection (the initial one plus joined ones); 'tcp' on fallback."""
+    info = mptcp_info(s)
+    return "tcp" if info is None else info["subflows"] + 1
+
+
+# ---------------------------------------------------------------- driver
+
+
+COLUMNS = [
+    Column("impl", "impl", align="<"),
+    Column("size", "size_bytes", format_size),
+    Column("rails", "rails", lambda v: str(v)),
+    Column("iters", "iters", "d"),
+    Column("time(us)", "time_us_median", ".1f"),
+    Column("min(us)", "time_us_min", ".1f"),
+    Column("max(us)", "time_us_max", ".1f"),
+    Column("algbw(GB/s)", "algbw_GBps", ".4f"),
+    Column("#wrong", "wrong", "d"),
+]
+
+ITER_COLUMNS = [
+    Column("impl", "impl", align="<"),
+    Column("size", "size_bytes", format_size),
+    Column("iter", "iter", "d"),
+    Column("t_start(s)", "t_rel", ".3f"),
+    Column("time(us)", "time_us", ".1f"),
+    Column("GB/s", "algbw_GBps", ".4f"),
+    Column("rail bytes (MiB)", "rail_mib", lambda v: " ".join(f"{x:.1f}" for x in v)),
+    Column("#wrong", "wrong", "d"),
+]
+
+
+def main(args: argparse.Namespace) -> int:
+    if args.num_processes < 2:
+        print("bench p2p: needs at least 2 processes", file=sys.stderr)
+        return 2
+    if args.inject and args.fault_at is None:
+        args.fault_at = 0.0
+    if (args.fault_cmd or args.inject) and args.fault_at is None:
+        args.fault_at = 0.0
+    if args.inject and args.inject_rail is None:
+        args.inject_rail = 0
+    dist = Dist(args.coordinator, args.num_processes, args.process_id, args.timeout)
+    from ..config import Config
+    cfg = Config.from_env()
+    nics = [n.strip() for n in args.nics.split(",") if n.strip()] if args.nics else cfg.nic_list()
+    run = Runner(args, dist, nics)
+    t_begin = time.time()
+    run.run_r2ccl("r2ccl", nics, arm_fault=True)
+    if not args.no_baselines:
+        run.run_r2ccl("r2ccl-1rail", nics[:1], arm_fault=False)
+        run.run_mptcp()
+    mine = {"rank": dist.rank, "role": run.role, "results": run.results, "iterations": run.iterations,
+            "rail_stats": run.rail_stats, "notes": run.notes, "errors": run.errors,
+            "fault": run.fault.summary() if run.fault else None}
+    everyone = dist.gather(f"{args.prefix}/report", mine)
+    rc = 1 if (any(r.get("wrong") for r in run.results) or run.errors) else 0
+    if everyone is not None:
+        rc = max(rc, report(args, cfg, nics, everyone, t_begin))
+    dist.barrier(f"{args.prefix}/end")
+    dist.shutdown()
+    return rc
+
+
+def report(args, cfg, nics, everyone: list[dict], t_begin: float) -> int:
+    results = [r for rep in everyone for r in rep["results"]]
+    iterations = [r for rep in everyone for r in rep["iterations"]]
+    notes = [n for rep in everyone for n in rep["notes"]]
+    errors = [f"rank {rep['rank']}: {e}" for rep in everyone for e in rep["errors"]]
+    fault = next((rep["fault"] for rep in everyone if rep["fault"]), None)
+    pairs = sorted({r["pair"] for r in results})
+    cols = list(COLUMNS)
+    if len(pairs) > 1:
+        cols.insert(1, Column("pair", "pair", "d"))
+    print(f"# bench p2p: {args.num_processes} processes, pairs 2k->2k+1, NICs {','.join(nics)}; "
+          f"iters {args.iters}, warmup {args.warmup}; time = median on the receiver, "
+          f"algbw = size/time (GB/s = 1e9 B/s)")
+    print(format_table(cols, results))
+    if fault or args.print_iters:
+        t0 = min((r["t_start"] for r in iterations if r.get("t_start")), default=t_begin)
+        if fault and fault.get("fired_unix"):
+            print(f"# fault fired at {fault['fired_unix'] - t0:.3f} s (relative to the first timed "
+                  f"iteration): {fault.get('cmd') or ''} {'(inject ' + args.inject + ')' if args.inject else ''}"
+                  f"{' rc=' + str(fault['rc']) if fault.get('rc') is not None else ''}")
+        rows = []
+        for r in iterations:
+            row = dict(r)
+            row["t_rel"] = (r["t_start"] - t0) if r.get("t_start") else None
+            row["algbw_GBps"] = (r["size_bytes"] / r["time_us"] / 1e3) if r.get("time_us") else None
+            if r.get("rail_bytes") is not None:
+                row["rail_mib"] = [b / (1 << 20) for b in r["rail_bytes"]]
+            rows.append(row)
+        icols = list(ITER_COLUMNS)
+        if len(pairs) > 1:
+            icols.insert(1, Column("pair", "pair", "d"))
+        print(format_table(icols, rows))
+    for n in sorted(set(notes)):
+        print(f"# note: {n}")
+    for e in errors:
+        print(f"# error: {e}")
+    wrong = sum(r.get("wrong") or 0 for r in results)
+    if args.json:
+        config = {k: v for k, v in vars(args).items() if k not in ("sizes", "handler", "command", "bench")}
+        config["sizes"] = list(args.sizes)
+        config["nic_list"] = nics
+        config["r2ccl"] = {k: v for k, v in dataclasses.asdict(cfg).items() if k != "secret"}
+        config["host"] = {"hostname": socket.gethostname(), "cpus": os.cpu_count(),
+                          "kernel": os.uname().release, "python": sys.version.split()[0],
+                          "numpy": np.__version__}
+        config["started_unix"] = t_begin
+        rail_stats = {str(rep["rank"]): rep["rail_stats"] for rep in everyone if rep["rail_stats"]}
+        write_json(args.json, {"config": config, "results": results, "iterations": iterations,
+                               "rail_stats": rail_stats, "fault": fault, "notes": notes, "errors": errors})
+        print(f"# wrote {args.json}")
+    if wrong:
+        print(f"# FAILED: {wrong} wrong iteration(s)")
+    return 1 if (wrong or errors) else 0

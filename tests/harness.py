@@ -1,0 +1,92 @@
+"""Runs a worker function on N local processes connected by jax_r2ccl (FileStore bootstrap),
+each rank in its own process, bounded in time; returns each rank's result or error."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LOOPBACK4 = ["127.0.0.1", "127.0.0.2", "127.0.0.3", "127.0.0.4"]
+
+# Fast failure detection for tests; every test bounds itself with these.
+FAST = dict(timeout_s=10.0, bootstrap_timeout_s=30.0, heartbeat_ms=50, stall_ms=200, reprobe_ms=100, connect_timeout_ms=1000,
+            crc=True)
+
+
+class RankFailed(AssertionError):
+    pass
+
+
+def run_ranks(func: str, world: int, *, nics=None, config: dict | None = None, args: dict | None = None,
+              timeout: float = 60.0, per_rank_nics: list | None = None, env: dict | None = None,
+              netns: list | None = None, expect_fail: bool = False, may_die=()) -> list[dict]:
+    """Starts `world` processes running tests/workers.py:`func`(ep, rank, world, **args).
+
+    Returns one dict per rank: {"ok": True, "result": ...} or {"ok": False, "error": str,
+    "cause": str, "peer": int}. Raises RankFailed when a process crashes or runs past
+    `timeout` (it is then killed by PID), or when a rank fails and expect_fail is False.
+    `netns`: per-rank command prefix (e.g. the test bed's nsrun.sh host), optional.
+    """
+    cfg = dict(FAST)
+    cfg.update(config or {})
+    with tempfile.TemporaryDirectory(prefix="r2ccl-test-") as tmp:
+        procs = []
+        for rank in range(world):
+            spec = {"func": func, "rank": rank, "world": world, "kv": os.path.join(tmp, "kv"),
+                    "nics": (per_rank_nics[rank] if per_rank_nics else (nics or LOOPBACK4)),
+                    "config": cfg, "args": args or {}, "out": os.path.join(tmp, f"out{rank}.json")}
+            path = os.path.join(tmp, f"spec{rank}.json")
+            with open(path, "w") as f:
+                json.dump(spec, f)
+            cmd = [sys.executable, os.path.join(ROOT, "tests", "rank_main.py"), path]
+            if netns:
+                cmd = list(netns[rank]) + cmd
+            e = dict(os.environ)
+            e["PYTHONPATH"] = ROOT + os.pathsep + e.get("PYTHONPATH", "")
+            e.update(env or {})
+            procs.append((subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                           env=e, start_new_session=True), spec))
+        deadline = time.monotonic() + timeout
+        outputs = [""] * world
+        timed_out = False
+        for i, (p, _) in enumerate(procs):
+            left = max(0.1, deadline - time.monotonic())
+            try:
+                outputs[i] = p.communicate(timeout=left)[0].decode(errors="replace")
+            except subprocess.TimeoutExpired:
+                timed_out = True
+                break
+        if timed_out:
+            for p, _ in procs:
+                if p.poll() is None:
+                    os.killpg(p.pid, signal.SIGKILL)
+            for i, (p, _) in enumerate(procs):
+                outputs[i] = outputs[i] or p.communicate()[0].decode(errors="replace")
+            raise RankFailed(f"{func}: ranks still running after {timeout} s (killed)\n" +
+                             "\n".join(f"--- rank {i}\n{o[-3000:]}" for i, o in enumerate(outputs)))
+        results = []
+        for i, (p, spec) in enumerate(procs):
+            try:
+                with open(spec["out"]) as f:
+                    results.append(json.load(f))
+            except FileNotFoundError:
+                if i in may_die:
+                    results.append({"ok": False, "died": True, "returncode": p.returncode, "error": "",
+                                    "cause": "died", "peer": -1})
+                    results[-1]["output"] = outputs[i]
+                    continue
+                raise RankFailed(f"{func}: rank {i} exited with {p.returncode} and no result\n"
+                                 f"{outputs[i][-3000:]}") from None
+            results[-1]["output"] = outputs[i]
+        if not expect_fail:
+            bad = [(i, r) for i, r in enumerate(results) if not r["ok"] and not r.get("died")]
+            if bad:
+                raise RankFailed("\n".join(f"rank {i}: {r['cause']}: {r['error']}\n{r['output'][-2000:]}"
+                                           for i, r in bad))
+        return results

@@ -1,0 +1,48 @@
+"""One rank of a multi-process test: bootstrap through a FileStore, run the worker, write
+the result (or the error) as JSON. Started by tests/harness.py."""
+
+import json
+import os
+import sys
+import traceback
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+
+def main():
+    with open(sys.argv[1]) as f:
+        spec = json.load(f)
+    from jax_r2ccl import bootstrap
+    from jax_r2ccl.config import Config
+    from jax_r2ccl.errors import R2cclError
+    import workers
+
+    out = {"ok": False, "error": "", "cause": "", "peer": -1}
+    ep = None
+    try:
+        cfg = Config.from_env(**spec["config"])
+        func = getattr(workers, spec["func"])
+        if getattr(func, "no_bootstrap", False):
+            res = func(None, spec["rank"], spec["world"], spec=spec, **spec["args"])
+        else:
+            ep = bootstrap.connect(bootstrap.FileStore(spec["kv"]), spec["rank"], spec["world"],
+                                   nics=spec["nics"], config=cfg)
+            res = func(ep, spec["rank"], spec["world"], **spec["args"])
+        out = {"ok": True, "result": res}
+    except R2cclError as e:
+        out.update(error=str(e), cause=e.cause, peer=e.peer)
+    except BaseException as e:  # noqa: BLE001 - reported to the test
+        out.update(error=f"{type(e).__name__}: {e}\n{traceback.format_exc()}", cause="python")
+    finally:
+        with open(spec["out"] + ".tmp", "w") as f:
+            json.dump(out, f)
+        os.rename(spec["out"] + ".tmp", spec["out"])
+        if ep is not None:
+            ep.close()
+    sys.stdout.flush()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,120 @@
+"""Builds and runs the standalone C++ unit tests in tests/cpp (test_wire, test_digest).
+
+The tests are configured with -DR2CCL_CPP_TESTS=ON and built once per pytest session for each
+variant (plain, and AddressSanitizer + UBSan via -DR2CCL_SANITIZE=ON) under
+build/pytest-cpp/<variant>; only the two test targets and the core library they link are built,
+not the Python extension. Warnings are errors (R2CCL_WERROR defaults ON).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+BUILD_ROOT = ROOT / "build" / "pytest-cpp"
+TARGETS = ("test_wire", "test_digest")
+VARIANTS = {
+    "plain": ["-DR2CCL_SANITIZE=OFF"],
+    "sanitize": ["-DR2CCL_SANITIZE=ON"],
+}
+
+
+def _cmake() -> list[str] | None:
+    """The cmake command: on PATH, else the copy shipped by the `cmake` PyPI package."""
+    path = shutil.which("cmake")
+    if path:
+        return [path]
+    if importlib.util.find_spec("cmake") is not None:
+        return [sys.executable, "-m", "cmake"]
+    return None
+
+
+def _ninja() -> str | None:
+    """Path of the ninja binary (CMake wants a path): on PATH, else the `ninja` PyPI package's."""
+    path = shutil.which("ninja")
+    if path:
+        return path
+    if importlib.util.find_spec("ninja") is not None:
+        import ninja
+
+        candidate = Path(ninja.BIN_DIR) / "ninja"
+        if candidate.exists():
+            return str(candidate)
+    return None
+
+
+def _compiler() -> str | None:
+    cxx = os.environ.get("CXX")
+    if cxx:
+        return shutil.which(cxx.split()[0])
+    for name in ("c++", "g++", "clang++"):
+        path = shutil.which(name)
+        if path:
+            return path
+    return None
+
+
+def _run(cmd: list[str], cwd: Path, what: str, timeout: float) -> None:
+    proc = subprocess.run(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          timeout=timeout)
+    if proc.returncode != 0:
+        pytest.fail(f"{what} failed (exit {proc.returncode}): {' '.join(cmd)}\n{proc.stdout[-20000:]}",
+                    pytrace=False)
+
+
+@pytest.fixture(scope="module", params=list(VARIANTS))
+def cpp_build(request) -> tuple[str, Path]:
+    """Configures and builds the C++ tests for one variant; yields (variant, build dir)."""
+    cmake = _cmake()
+    if cmake is None:
+        pytest.skip("cmake not found (neither on PATH nor the `cmake` PyPI package)")
+    ninja = _ninja()
+    if ninja is None:
+        pytest.skip("ninja not found (neither on PATH nor the `ninja` PyPI package)")
+    cxx = _compiler()
+    if cxx is None:
+        pytest.skip("no C++ compiler found ($CXX, c++, g++ or clang++)")
+
+    variant = request.param
+    build_dir = BUILD_ROOT / variant
+    configure = [
+        *cmake, "-S", str(ROOT), "-B", str(build_dir), "-G", "Ninja",
+        f"-DCMAKE_MAKE_PROGRAM={ninja}",
+        f"-DCMAKE_CXX_COMPILER={cxx}",
+        f"-DPython_EXECUTABLE={sys.executable}",
+        "-DR2CCL_CPP_TESTS=ON",
+        *VARIANTS[variant],
+    ]
+    build = [*cmake, "--build", str(build_dir), "--target", *TARGETS]
+    try:
+        _run(configure, ROOT, f"cmake configure ({variant})", timeout=300)
+    except pytest.fail.Exception:
+        # A stale cache (other compiler, moved checkout) is the usual cause: start afresh once.
+        shutil.rmtree(build_dir, ignore_errors=True)
+        _run(configure, ROOT, f"cmake configure ({variant})", timeout=300)
+    _run(build, ROOT, f"build of {', '.join(TARGETS)} ({variant})", timeout=600)
+    return variant, build_dir
+
+
+@pytest.mark.timeout(900)  # the first test of each variant pays for the build
+@pytest.mark.parametrize("name", TARGETS)
+def test_cpp(cpp_build, name):
+    variant, build_dir = cpp_build
+    binary = build_dir / name
+    assert binary.exists(), f"{binary} was not built"
+    env = dict(os.environ)
+    if variant == "sanitize":
+        env["ASAN_OPTIONS"] = "halt_on_error=1:abort_on_error=0:detect_stack_use_after_return=1"
+        env["UBSAN_OPTIONS"] = "halt_on_error=1:print_stacktrace=1"
+    proc = subprocess.run([str(binary)], cwd=build_dir, env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, timeout=300)
+    assert proc.returncode == 0, (
+        f"{name} ({variant}) exited with {proc.returncode}; its output:\n{proc.stdout[-20000:]}")
+    assert "all checks passed" in proc.stdout, f"{name} ({variant}) output:\n{proc.stdout}"

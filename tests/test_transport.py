@@ -1,0 +1,120 @@
+"""The multi-rail transport on loopback: several processes, several "NICs" (127.0.0.x),
+faults injected in software mid-transfer. Every transfer is checked byte for byte."""
+
+import time
+
+import numpy as np
+import pytest
+
+from harness import LOOPBACK4, run_ranks
+
+
+def results(rs):
+    return [r["result"] for r in rs]
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_every_pair_exchanges_bit_exact_over_four_rails(world):
+    sizes = [0, 1, 4096 + 3, 1 << 20, 24 << 20]
+    res = results(run_ranks("exchange", world, args={"sizes": sizes}))
+    for r in res:
+        assert r["wrong"] == 0
+        for peer, rails in r["stats"].items():
+            assert len(rails) == 4 and all(s["state"] == "up" for s in rails)
+            # striping: every rail carried part of the large messages
+            assert all(s["tx_bytes"] > 1 << 20 for s in rails), rails
+
+
+def test_unequal_nic_counts_pair_up_and_stay_exact():
+    res = results(run_ranks("exchange", 2, per_rank_nics=[LOOPBACK4, LOOPBACK4[:2]],
+                            args={"sizes": [5 << 20]}))
+    assert all(r["wrong"] == 0 for r in res)
+    assert all(len(r["stats"]["1" if i == 0 else "0"]) == 4 for i, r in enumerate(res))
+
+
+def test_two_connections_per_nic_pair():
+    res = results(run_ranks("exchange", 2, config={"conns_per_nic": 2}, args={"sizes": [9 << 20]}))
+    assert all(r["wrong"] == 0 for r in res)
+    assert len(res[0]["stats"]["1"]) == 8
+
+
+def test_messages_match_by_tag_and_order_even_when_received_late():
+    res = results(run_ranks("tags_out_of_order", 2))
+    assert res[1] and all(res[1].values()), res[1]
+
+
+@pytest.mark.parametrize("fault", ["close", "stall"])
+@pytest.mark.parametrize("side", [0, 1])
+def test_rail_fault_mid_transfer_is_bit_exact(fault, side):
+    # 4 rails capped at 40 MB/s each: 48 MiB takes ~0.3 s; the fault lands at 0.1 s.
+    n = 48 << 20
+    res = results(run_ranks("transfer_with_fault", 2, args=dict(
+        nbytes=n, fault=fault, fault_rail=1, fault_side=side, fault_after_s=0.1, rate=40e6)))
+    r0, r1 = res
+    assert r1["wrong"] == 0
+    stats = r0["stats"] if side == 0 else r1["stats"]
+    assert stats[1]["failures"] >= 1 and stats[1]["state"] == "down", stats
+    # the healthy rails took over what rail 1 left: > 1/4 of the bytes each
+    tx = [s["tx_bytes"] for s in r0["stats"]]
+    assert sum(tx) >= n and min(tx[0], tx[2], tx[3]) > n / 4, tx
+    # bounded: at 3 × 40 MB/s the whole transfer needs 0.42 s; detection adds <= stall_ms
+    assert r1["times"][0] < 3.0
+
+
+def test_rate_capped_rail_does_not_corrupt():
+    res = results(run_ranks("transfer_with_fault", 2, args=dict(nbytes=16 << 20, fault="rate", rate=None)))
+    assert res[1]["wrong"] == 0
+
+
+def test_failed_rail_is_readmitted_and_carries_traffic():
+    res = results(run_ranks("failback", 2))
+    r0 = res[0]
+    assert res[1]["ok"]
+    assert r0["up_after_s"] < 1.0, r0
+    assert r0["carried"] > 0, r0
+    assert r0["stats"][2]["recoveries"] >= 1
+
+
+def test_all_rails_down_is_a_clear_error_naming_the_peer_within_timeout():
+    rs = run_ranks("all_rails_down", 2, config={"timeout_s": 1.5})
+    for rank, r in enumerate(results(rs)):
+        assert r["error"], r
+        assert r["cause"] == "all_rails_down" and r["peer"] == 1 - rank, r
+        assert f"rank {1 - rank}" in r["error"]
+        assert r["after_s"] < 1.5 + 1.0, r
+
+
+def test_killed_peer_is_reported_quickly_without_hang():
+    rs = run_ranks("killed_peer", 2, may_die={1}, timeout=60)
+    assert rs[1].get("died")
+    r = rs[0]["result"]
+    assert r["error"] and r["cause"] == "peer_gone" and r["peer"] == 1, r
+    assert "rank 1" in r["error"]
+    assert r["after_s"] < 5.0, r
+
+
+def test_strangers_on_the_listen_port_are_rejected_and_the_transfer_is_exact():
+    rs = run_ranks("strangers", 2)
+    r = rs[1]["result"]
+    assert r["exact"]
+    # nobody but the job got a challenge: garbage and foreign jobs get nothing back
+    assert r["answers"]["garbage"] == 0 and r["answers"]["http"] == 0 and r["answers"]["other_job"] == 0, r
+    assert "rejected connection" in rs[1]["output"]
+    assert all(s["failures"] == 0 for s in r["stats"]), r["stats"]
+
+
+def test_bad_input_is_a_clear_error_and_the_channel_survives():
+    rs = results(run_ranks("bad_input", 2))
+    for r in rs:
+        for name in ("non_contiguous", "read_only", "not_array", "bad_peer", "self_peer", "bad_rail",
+                     "bad_fault", "bad_weight"):
+            assert r[name] is not None and r[name][0] == "invalid_argument", (name, r[name])
+    assert rs[1]["size_mismatch"][0] == "mismatch" and "999" in rs[1]["size_mismatch"][1]
+    assert rs[1]["recv_timeout"][0] == "timeout" and rs[1]["recv_timeout_s"] < 2.0
+    assert rs[1]["after_ok"]
+
+
+def test_idle_endpoint_does_not_burn_a_core():
+    rs = results(run_ranks("idle_cpu", 2, config={"heartbeat_ms": 100}))
+    for r in rs:
+        assert r["cpu_s"] < 0.1 * r["wall_s"], r

@@ -1,0 +1,298 @@
+"""Worker functions run on every rank by tests/harness.py: each gets a connected endpoint
+(or None for no_bootstrap workers), its rank and the world size, and returns JSON."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import threading
+import time
+
+import numpy as np
+
+from jax_r2ccl.errors import R2cclError
+
+
+def pattern(nbytes: int, seed: int) -> np.ndarray:
+    """Bytes that differ per (size, seed) and per position: a wrong offset shows."""
+    rng = np.random.default_rng(seed)
+    return rng.integers(0, 256, nbytes, dtype=np.uint8)
+
+
+def _stats_summary(ep, peer):
+    return [{k: s[k] for k in ("rail", "state", "tx_bytes", "rx_bytes", "retransmitted_chunks", "failures",
+                               "recoveries", "last_error")} for s in ep.rail_stats(peer)]
+
+
+def exchange(ep, rank, world, sizes, rounds=1):
+    """Every rank sends to every other rank at once, sizes in turn; checks every byte."""
+    wrong, details = 0, []
+    for rnd in range(rounds):
+        for si, n in enumerate(sizes):
+            reqs, outs = [], {}
+            for peer in range(world):
+                if peer == rank:
+                    continue
+                outs[peer] = np.empty(n, np.uint8)
+                reqs.append(ep.irecv(peer, outs[peer], tag=si))
+                reqs.append(ep.isend(peer, pattern(n, 1000 * rank + 10 * peer + si + rnd), tag=si))
+            for r in reqs:
+                r.wait()
+            for peer, out in outs.items():
+                exp = pattern(n, 1000 * peer + 10 * rank + si + rnd)
+                if not np.array_equal(out, exp):
+                    diff = np.nonzero(out != exp)[0]
+                    wrong += 1
+                    details.append({"peer": peer, "size": n, "first": int(diff[0]), "last": int(diff[-1]),
+                                    "count": int(diff.size)})
+    stats = {p: _stats_summary(ep, p) for p in range(world) if p != rank}
+    barrier(ep, rank, world)
+    return {"wrong": wrong, "details": details, "stats": stats}
+
+
+def barrier(ep, rank, world, tag=1 << 40):
+    """Everyone has reached this point (a zero-byte message to and from every peer)."""
+    reqs = []
+    for peer in range(world):
+        if peer != rank:
+            reqs.append(ep.irecv(peer, np.empty(0, np.uint8), tag=tag))
+            reqs.append(ep.isend(peer, np.empty(0, np.uint8), tag=tag))
+    for r in reqs:
+        r.wait()
+
+
+def tags_out_of_order(ep, rank, world, n=300_000):
+    """Sends several tags in one order; the receiver posts in another, some late (unexpected)."""
+    tags = [5, 1, 9, 1, 5, 7]
+    if rank == 0:
+        reqs = [ep.isend(1, pattern(n + i, 77 + i), tag=t) for i, t in enumerate(tags)]
+        for r in reqs:
+            r.wait()
+        return {}
+    time.sleep(0.3)   # let everything arrive before the receives exist
+    got = {}
+    order = [7, 1, 9, 5, 1, 5]
+    seen = {}
+    for t in order:
+        k = seen.get(t, 0)
+        seen[t] = k + 1
+        idx = [i for i, x in enumerate(tags) if x == t][k]   # k-th message with tag t
+        buf = np.empty(n + idx, np.uint8)
+        ep.recv(0, buf, tag=t)
+        got[f"{t}/{k}"] = bool(np.array_equal(buf, pattern(n + idx, 77 + idx)))
+    return got
+
+
+def transfer_with_fault(ep, rank, world, nbytes, fault=None, fault_rail=1, fault_side=0, fault_after_s=0.2,
+                        rate=None, heal_after_s=None, iters=1, fault_cmd=None, heal_cmd=None):
+    """Rank 0 sends nbytes to rank 1 `iters` times; a fault hits one rail mid-transfer.
+
+    rate: optional cap (bytes/s) on every rail of the sender, so the transfer lasts long
+    enough for a fault to land in the middle on loopback. fault: an Endpoint.inject fault on
+    rank `fault_side`, or fault_cmd: a shell command run by rank 0 (the test bed).
+    """
+    peer = 1 - rank
+    if rate and rank == 0:
+        for s in ep.rail_stats(peer):
+            ep.inject(peer, s["rail"], "rate", rate)
+    times, wrong = [], 0
+    for it in range(iters):
+        ref = pattern(nbytes, 5 + it)
+        out = np.empty(nbytes, np.uint8)
+        ready = np.empty(1, np.uint8)
+        if rank == 1:
+            rr = ep.irecv(0, out, tag=100 + it)
+            ep.send(0, ready, tag=99)
+        else:
+            ep.recv(1, ready, tag=99)
+        t0 = time.monotonic()
+        timers = []
+        if it == 0 and rank == fault_side and (fault or fault_cmd):
+            def hit():
+                if fault_cmd:
+                    subprocess.run(fault_cmd, shell=True, check=True, timeout=30)
+                else:
+                    ep.inject(peer, fault_rail, fault)
+            timers.append(threading.Timer(fault_after_s, hit))
+            if heal_after_s is not None:
+                def heal():
+                    if heal_cmd:
+                        subprocess.run(heal_cmd, shell=True, check=True, timeout=30)
+                    else:
+                        ep.inject(peer, fault_rail, "rate" if rate and fault_side == 0 else "heal", rate or 0.0)
+                timers.append(threading.Timer(heal_after_s, heal))
+            for t in timers:
+                t.start()
+        if rank == 0:
+            ep.send(1, ref, tag=100 + it)
+        else:
+            rr.wait()
+            wrong += int(not np.array_equal(out, ref))
+        times.append(time.monotonic() - t0)
+        for t in timers:
+            t.join()
+    return {"times": times, "wrong": wrong, "stats": _stats_summary(ep, peer)}
+
+
+def failback(ep, rank, world, close_rail=2, hold_s=0.5):
+    """Closes a rail on rank 0, heals it, then measures how soon it is up and carrying data."""
+    peer = 1 - rank
+    n = 8 << 20
+    if rank == 0:
+        ep.inject(peer, close_rail, "close")
+        time.sleep(hold_s)
+        assert ep.rail_stats(peer)[close_rail]["state"] == "down"
+        t0 = time.monotonic()
+        ep.inject(peer, close_rail, "heal")
+        while ep.rail_stats(peer)[close_rail]["state"] != "up":
+            if time.monotonic() - t0 > 5:
+                raise AssertionError("rail not re-admitted within 5 s")
+            time.sleep(0.005)
+        up_after = time.monotonic() - t0
+        before = ep.rail_stats(peer)[close_rail]["tx_bytes"]
+        ep.send(peer, pattern(n, 3), tag=1)
+        carried = ep.rail_stats(peer)[close_rail]["tx_bytes"] - before
+        return {"up_after_s": up_after, "carried": carried, "stats": _stats_summary(ep, peer)}
+    out = np.empty(n, np.uint8)
+    ep.recv(peer, out, tag=1)
+    return {"ok": bool(np.array_equal(out, pattern(n, 3)))}
+
+
+def all_rails_down(ep, rank, world):
+    """Every rail held down on both sides: a pending operation must fail naming the peer."""
+    peer = 1 - rank
+    for s in ep.rail_stats(peer):
+        ep.inject(peer, s["rail"], "close")
+    t0 = time.monotonic()
+    buf = np.zeros(1 << 20, np.uint8)
+    try:
+        if rank == 0:
+            ep.send(peer, buf, tag=3, timeout=30)
+        else:
+            ep.recv(peer, buf, tag=3, timeout=30)
+    except R2cclError as e:
+        return {"error": str(e), "cause": e.cause, "peer": e.peer, "after_s": time.monotonic() - t0}
+    return {"error": None}
+
+
+def killed_peer(ep, rank, world, nbytes=64 << 20):
+    """Rank 1 dies by SIGKILL while rank 0 sends to it; rank 0 must get a clear error fast."""
+    peer = 1 - rank
+    if rank == 1:
+        out = np.empty(nbytes, np.uint8)
+        ep.irecv(0, out, tag=1)
+        time.sleep(0.2)
+        os.kill(os.getpid(), signal.SIGKILL)
+    for s in ep.rail_stats(peer):
+        ep.inject(peer, s["rail"], "rate", 20e6)   # keeps the send in flight when the peer dies
+    t0 = time.monotonic()
+    try:
+        ep.send(peer, pattern(nbytes, 1), tag=1, timeout=30)
+    except R2cclError as e:
+        return {"error": str(e), "cause": e.cause, "peer": e.peer, "after_s": time.monotonic() - t0}
+    return {"error": None}
+
+
+def strangers(ep, rank, world, nbytes=32 << 20):
+    """While rank 0 sends to rank 1, strangers dial rank 1's listeners: garbage, a replayed
+    hello with a wrong proof, a hello from another job. All are dropped; the transfer is exact."""
+    from jax_r2ccl import _core
+    peer = 1 - rank
+    if rank == 0:
+        for s in ep.rail_stats(peer):
+            ep.inject(peer, s["rail"], "rate", 50e6)
+        ep.send(peer, pattern(nbytes, 9), tag=1)
+        barrier(ep, rank, world)
+        return {}
+    out = np.empty(nbytes, np.uint8)
+    req = ep.irecv(peer, out, tag=1)
+    host, port = ep.addresses[0].rsplit(":", 1)
+    answers = {}
+
+    def dial(name, payload, read_reply=False):
+        s = socket.create_connection((host, int(port)), timeout=5)
+        try:
+            try:
+                s.sendall(payload)
+            except (ConnectionResetError, BrokenPipeError):
+                pass
+            s.settimeout(3)
+            data = b""
+            try:
+                while True:
+                    chunk = s.recv(4096)
+                    if not chunk:
+                        break
+                    data += chunk
+                    if read_reply and len(data) >= 128:
+                        # a challenge came: answer it with a proof made without the secret
+                        s.sendall(_core._encode_frame(3, b"\0" * 32))
+                        read_reply = False
+            except socket.timeout:
+                data += b"<timeout>"
+            except ConnectionResetError:
+                pass   # dropped with unread bytes pending: the kernel answers with a reset
+            answers[name] = len(data)
+        finally:
+            s.close()
+
+    secret_guess = b"not the job secret, not at all!!"
+    dial("garbage", os.urandom(4096))
+    dial("http", b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+    dial("other_job", _core._encode_frame(1, _core._encode_hello(secret_guess, 0, 1, 0)))
+    req.wait()
+    stats = _stats_summary(ep, peer)
+    barrier(ep, rank, world)
+    return {"exact": bool(np.array_equal(out, pattern(nbytes, 9))), "answers": answers, "stats": stats}
+
+
+def bad_input(ep, rank, world):
+    """Every misuse is a clear R2cclError on the rank that made it; the channel survives."""
+    peer = 1 - rank
+    errors = {}
+
+    def expect(name, fn):
+        try:
+            fn()
+            errors[name] = None
+        except R2cclError as e:
+            errors[name] = [e.cause, str(e)]
+
+    a = np.zeros((4, 4), np.float32)
+    expect("non_contiguous", lambda: ep.isend(peer, a[:, ::2]))
+    ro = np.zeros(10, np.uint8)
+    ro.flags.writeable = False
+    expect("read_only", lambda: ep.irecv(peer, ro))
+    expect("not_array", lambda: ep.isend(peer, [1, 2, 3]))
+    expect("bad_peer", lambda: ep.send(7, np.zeros(3, np.uint8)))
+    expect("self_peer", lambda: ep.send(rank, np.zeros(3, np.uint8)))
+    expect("bad_rail", lambda: ep.inject(peer, 99, "close"))
+    expect("bad_fault", lambda: ep.inject(peer, 0, "explode"))
+    expect("bad_weight", lambda: ep.set_rail_weight(peer, 0, -1.0))
+    # size mismatch: rank 0 sends 1000 bytes, rank 1 expects 999
+    if rank == 0:
+        ep.send(peer, np.ones(1000, np.uint8), tag=4)
+    else:
+        expect("size_mismatch", lambda: ep.recv(peer, np.zeros(999, np.uint8), tag=4))
+    # a receive with nothing coming times out cleanly and the channel still works after
+    if rank == 1:
+        t0 = time.monotonic()
+        expect("recv_timeout", lambda: ep.recv(peer, np.zeros(10, np.uint8), tag=5, timeout=0.3))
+        errors["recv_timeout_s"] = time.monotonic() - t0
+    buf = np.empty(1 << 20, np.uint8)
+    if rank == 0:
+        ep.send(peer, pattern(1 << 20, 2), tag=6)
+    else:
+        ep.recv(peer, buf, tag=6)
+        errors["after_ok"] = bool(np.array_equal(buf, pattern(1 << 20, 2)))
+    barrier(ep, rank, world)
+    return errors
+
+
+def idle_cpu(ep, rank, world, seconds=2.0):
+    """CPU seconds the process burns while connected and idle (heartbeats only)."""
+    t0 = time.process_time()
+    time.sleep(seconds)
+    return {"cpu_s": time.process_time() - t0, "wall_s": seconds}
