@@ -19,6 +19,11 @@ FAST = dict(timeout_s=10.0, bootstrap_timeout_s=30.0, heartbeat_ms=50, stall_ms=
             crc=True)
 
 
+def _package_parent() -> str:
+    import jax_r2ccl
+    return os.path.dirname(os.path.dirname(os.path.abspath(jax_r2ccl.__file__)))
+
+
 class RankFailed(AssertionError):
     pass
 
@@ -47,8 +52,8 @@ def run_ranks(func: str, world: int, *, nics=None, config: dict | None = None, a
             cmd = [sys.executable, os.path.join(ROOT, "tests", "rank_main.py"), path]
             if netns:
                 cmd = list(netns[rank]) + cmd
-            e = dict(os.environ)
-            e["PYTHONPATH"] = ROOT + os.pathsep + e.get("PYTHONPATH", "")
+            e = dict(os.environ)   # jax_r2ccl comes from wherever this pytest imports it
+            e["PYTHONPATH"] = os.pathsep.join(filter(None, [_package_parent(), e.get("PYTHONPATH", "")]))
             e.update(env or {})
             procs.append((subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                            env=e, start_new_session=True), spec))

@@ -98,6 +98,7 @@ def transfer_with_fault(ep, rank, world, nbytes, fault=None, fault_rail=1, fault
         for s in ep.rail_stats(peer):
             ep.inject(peer, s["rail"], "rate", rate)
     times, wrong = [], 0
+    timers = []
     for it in range(iters):
         ref = pattern(nbytes, 5 + it)
         out = np.empty(nbytes, np.uint8)
@@ -108,7 +109,6 @@ def transfer_with_fault(ep, rank, world, nbytes, fault=None, fault_rail=1, fault
         else:
             ep.recv(1, ready, tag=99)
         t0 = time.monotonic()
-        timers = []
         if it == 0 and rank == fault_side and (fault or fault_cmd):
             def hit():
                 if fault_cmd:
@@ -131,9 +131,11 @@ def transfer_with_fault(ep, rank, world, nbytes, fault=None, fault_rail=1, fault
             rr.wait()
             wrong += int(not np.array_equal(out, ref))
         times.append(time.monotonic() - t0)
-        for t in timers:
-            t.join()
-    return {"times": times, "wrong": wrong, "stats": _stats_summary(ep, peer)}
+    for t in timers:
+        t.join()
+    stats = _stats_summary(ep, peer)
+    barrier(ep, rank, world)
+    return {"times": times, "wrong": wrong, "stats": stats}
 
 
 def failback(ep, rank, world, close_rail=2, hold_s=0.5):

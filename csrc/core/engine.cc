@@ -391,7 +391,8 @@ void Engine::accept_all(int nic) {
 
 void Engine::pending_reject(Pending& p, const std::string& why) {
   // A dial that closes without a byte (a liveness probe, a port check) is not an intruder.
-  bool silent = p.stage == 0 && p.rx.hdr_got == 0 && why.rfind("closed", 0) == 0;
+  bool silent = (p.stage == 0 && p.rx.hdr_got == 0 && why.rfind("closed", 0) == 0) ||
+                why.find("injected fault") != std::string::npos;
   R2_LOG(silent ? LogLevel::kInfo : LogLevel::kWarn, "rejected connection %s on NIC %s: %s", p.desc.c_str(),
          nics_[p.nic].name.c_str(), why.c_str());
   epoll_del(p.conn->fd());

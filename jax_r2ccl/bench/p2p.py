@@ -21,7 +21,7 @@ from .common import (Column, Dist, FaultTrigger, add_common_args, format_size, f
 IPPROTO_MPTCP = 262
 SOL_MPTCP = 284
 MPTCP_INFO = 1
-TAG_DATA, TAG_READY = 1, 2
+TAG_DATA, TAG_READY, TAG_GO = 1, 2, 3
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 
 
@@ -96,15 +96,19 @@ class Runner:
         self.role, self.peer, self.pair = pair_of(dist.rank, dist.world)
         self.results: list[dict] = []
         self.iterations: list[dict] = []
+        self.send_times: dict[str, float] = {}   # sender: "impl/size/iter" -> us until its send completed
         self.rail_stats: dict[str, Any] = {}
         self.notes: list[str] = []
         self.errors: list[str] = []
         self.fault: FaultTrigger | None = None
         self.msg = 0           # message counter: every message has its own pattern
 
-    # ---- one implementation: a send(buf_bytes) / recv(buf_bytes) pair of callables
+    # ---- one implementation, as callables. Per iteration, untimed: the sender says "ready"
+    # once its previous send has completed (sender_sync, which then waits for "go") and the
+    # receiver waits for it (receiver_sync). Timed on the receiver: recv(data) posts the
+    # receive, says "go" and waits for every byte.
 
-    def run_impl(self, impl: str, send, recv, ready_send, ready_recv, rails_fn, arm_fault: bool,
+    def run_impl(self, impl: str, send, recv, sender_sync, receiver_sync, rails_fn, arm_fault: bool,
                  per_iter_rails=None) -> None:
         a = self.args
         largest = max(a.sizes)
@@ -125,17 +129,21 @@ class Runner:
                 try:
                     if self.role == "send":
                         pat.fill(buf, msg)
-                        ready_recv()
+                        sender_sync()
                         if arm_fault and self.fault and timed and size == largest and it == a.warmup:
                             self.fault.arm()
+                        t0 = time.perf_counter()
                         send(data)
+                        if timed:
+                            self.send_times[f"{impl}/{size}/{it - a.warmup}"] = (time.perf_counter() - t0) * 1e6
                     else:
                         pat.fill(expect, msg)
                         np.invert(expect, out=buf)              # poison: every byte differs
+                        receiver_sync()
                         before = per_iter_rails() if (per_iter_rails and timed) else None
                         t0u = time.time()
                         t0 = time.perf_counter()
-                        recv(data, ready_send)
+                        recv(data)
                         t1 = time.perf_counter()
                         ok = np.array_equal(data, expect_b)
                         if timed:
@@ -201,17 +209,18 @@ class Runner:
             def send(data):
                 ep.isend(peer, data, TAG_DATA).wait(a.timeout)
 
-            def ready_recv():
+            def sender_sync():
+                ep.send(peer, empty, TAG_READY, timeout=a.timeout)
+                ep.recv(peer, np.empty(0, dtype=np.uint8), TAG_GO, timeout=a.timeout)
+
+            def receiver_sync():
                 ep.recv(peer, np.empty(0, dtype=np.uint8), TAG_READY, timeout=a.timeout)
 
-            def ready_send():
-                return ep.isend(peer, empty, TAG_READY)
-
-            def recv(data, ready):
+            def recv(data):
                 r = ep.irecv(peer, data, TAG_DATA)
-                s = ready()
+                go = ep.isend(peer, empty, TAG_GO)
                 r.wait(a.timeout)
-                s.wait(a.timeout)
+                go.wait(a.timeout)
 
             def rail_rx():
                 return [s["rx_bytes"] for s in ep.rail_stats(peer)]
@@ -221,7 +230,7 @@ class Runner:
             if self.role == "idle":
                 pass
             else:
-                self.run_impl(impl, send, recv, ready_send, ready_recv, rail_rx, arm_fault,
+                self.run_impl(impl, send, recv, sender_sync, receiver_sync, rail_rx, arm_fault,
                               per_iter_rails=rail_rx)
             if self.fault and arm_fault:
                 self.fault.join(timeout=a.timeout)
@@ -287,19 +296,27 @@ class Runner:
                 conn.connect(tuple(server["addr"]))
             else:
                 return
+            try:   # the 1-byte sync messages must not wait for Nagle / delayed acks
+                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            except OSError:
+                pass
 
             def send(data):
                 conn.sendall(memoryview(data))
 
-            def ready_recv():
-                if conn.recv(1) != b"R":
+            def expect_byte(b: bytes):
+                if conn.recv(1) != b:
                     raise ConnectionError("MPTCP peer closed the connection")
 
-            def ready_send():
-                conn.sendall(b"R")
+            def sender_sync():
+                conn.sendall(b"S")
+                expect_byte(b"R")
 
-            def recv(data, ready):
-                ready()
+            def receiver_sync():
+                expect_byte(b"S")
+
+            def recv(data):
+                conn.sendall(b"R")
                 mv = memoryview(data)
                 got, n = 0, len(data)
                 while got < n:
@@ -311,7 +328,7 @@ class Runner:
             def rails():
                 return mptcp_subflows(conn)
 
-            self.run_impl("mptcp", send, recv, ready_send, ready_recv, rails, arm_fault=False)
+            self.run_impl("mptcp", send, recv, sender_sync, receiver_sync, rails, arm_fault=False)
             self.rail_stats["mptcp"] = {"subflows": mptcp_subflows(conn), "info": mptcp_info(conn)}
         except _Unavailable as e:
             self._mptcp_unavailable(str(e))
@@ -383,6 +400,7 @@ ITER_COLUMNS = [
     Column("t_start(s)", "t_rel", ".3f"),
     Column("time(us)", "time_us", ".1f"),
     Column("GB/s", "algbw_GBps", ".4f"),
+    Column("send(us)", "send_time_us", ".1f"),
     Column("rail bytes (MiB)", "rail_mib", lambda v: " ".join(f"{x:.1f}" for x in v)),
     Column("#wrong", "wrong", "d"),
 ]
@@ -409,6 +427,7 @@ def main(args: argparse.Namespace) -> int:
         run.run_r2ccl("r2ccl-1rail", nics[:1], arm_fault=False)
         run.run_mptcp()
     mine = {"rank": dist.rank, "role": run.role, "results": run.results, "iterations": run.iterations,
+            "send_times": run.send_times,
             "rail_stats": run.rail_stats, "notes": run.notes, "errors": run.errors,
             "fault": run.fault.summary() if run.fault else None}
     everyone = dist.gather(f"{args.prefix}/report", mine)
@@ -423,6 +442,9 @@ def main(args: argparse.Namespace) -> int:
 def report(args, cfg, nics, everyone: list[dict], t_begin: float) -> int:
     results = [r for rep in everyone for r in rep["results"]]
     iterations = [r for rep in everyone for r in rep["iterations"]]
+    for r in iterations:   # the sender's view: "go" received -> its send completed (all acked)
+        sender = everyone[2 * r["pair"]]
+        r["send_time_us"] = sender["send_times"].get(f"{r['impl']}/{r['size_bytes']}/{r['iter']}")
     notes = [n for rep in everyone for n in rep["notes"]]
     errors = [f"rank {rep['rank']}: {e}" for rep in everyone for e in rep["errors"]]
     fault = next((rep["fault"] for rep in everyone if rep["fault"]), None)

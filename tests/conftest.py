@@ -1,0 +1,6 @@
+"""Shared pytest setup: the harness lives beside the tests."""
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
