@@ -298,3 +298,48 @@ def idle_cpu(ep, rank, world, seconds=2.0):
     t0 = time.process_time()
     time.sleep(seconds)
     return {"cpu_s": time.process_time() - t0, "wall_s": seconds}
+
+
+def cancelled_send(ep, rank, world, nbytes=32 << 20):
+    """A send that times out is abandoned cleanly: the receiver is told, the channel goes on."""
+    peer = 1 - rank
+    out = {}
+    if rank == 0:
+        for s in ep.rail_stats(peer):
+            ep.inject(peer, s["rail"], "rate", 10e6)    # 32 MiB would need ~0.8 s
+        try:
+            ep.send(peer, pattern(nbytes, 4), tag=1, timeout=0.2)
+            out["send"] = None
+        except R2cclError as e:
+            out["send"] = [e.cause, str(e)]
+        for s in ep.rail_stats(peer):
+            ep.inject(peer, s["rail"], "heal")
+        ep.send(peer, pattern(1 << 20, 5), tag=2)
+    else:
+        try:
+            ep.recv(peer, np.empty(nbytes, np.uint8), tag=1, timeout=10)
+            out["recv"] = None
+        except R2cclError as e:
+            out["recv"] = [e.cause, str(e)]
+        buf = np.empty(1 << 20, np.uint8)
+        ep.recv(peer, buf, tag=2)
+        out["after_ok"] = bool(np.array_equal(buf, pattern(1 << 20, 5)))
+    barrier(ep, rank, world)
+    return out
+
+
+def weighted_split(ep, rank, world, weights, nbytes=64 << 20):
+    """Rail weights (the health monitor's seam) steer the share of chunks each rail carries."""
+    peer = 1 - rank
+    if rank == 0:
+        for r, w in enumerate(weights):
+            ep.set_rail_weight(peer, r, w)
+        before = [s["tx_bytes"] for s in ep.rail_stats(peer)]
+        ep.send(peer, pattern(nbytes, 6), tag=1)
+        after = [s["tx_bytes"] for s in ep.rail_stats(peer)]
+        barrier(ep, rank, world)
+        return {"bytes": [a - b for a, b in zip(after, before)]}
+    buf = np.empty(nbytes, np.uint8)
+    ep.recv(peer, buf, tag=1)
+    barrier(ep, rank, world)
+    return {"exact": bool(np.array_equal(buf, pattern(nbytes, 6)))}

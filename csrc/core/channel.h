@@ -149,7 +149,8 @@ struct Channel {
   std::string dead_msg;
   bool bye_received = false;
   int64_t all_down_since = 0;
-  int64_t last_probe_ns = 0;       // acceptor side: last liveness probe of the peer's listener
+  int64_t last_probe_ns = 0;
+  int protocol_errors = 0;       // acceptor side: last liveness probe of the peer's listener
 
   bool seq_applied(uint64_t s) const { return s < rx_cum || rx_ooo.count(s) != 0; }
   void mark_applied(uint64_t s) {

@@ -551,6 +551,15 @@ void Engine::rail_up(Channel& ch, Rail& r) {
 
 void Engine::fail_rail(Channel& ch, Rail& r, const std::string& why, bool by_peer) {
   if (r.state == RailState::kDown) return;
+  // A frame that breaks the protocol would be re-sent on the next rail and break it too:
+  // after a few, the peer is not to be trusted and the channel ends with a clear error.
+  if (why.rfind("protocol error", 0) == 0 || why.find("CRC32C") != std::string::npos) {
+    if (++ch.protocol_errors >= 8) {
+      kill_channel(ch, Cause::kProtocol, "rank " + std::to_string(ch.peer) + " keeps violating the wire protocol (" +
+                                             std::to_string(ch.protocol_errors) + " times); last: " + why);
+      return;
+    }
+  }
   if (r.state != RailState::kUp) {
     attempt_failed(ch, r, why, false);   // only ECONNREFUSED counts as a refusal
     return;
@@ -908,7 +917,7 @@ void Engine::rail_data_done(Channel& ch, Rail& r) {
     m.tag = h.tag;
     m.tag_seq = h.tag_seq;
     m.len = h.msg_len;
-    m.aborted = h.msg_len != 0;   // an empty chunk of a non-empty message is a cancel mark
+    m.aborted = (h.flags & kFlagAbort) != 0;
     auto key = std::make_pair(h.tag, h.tag_seq);
     auto p = ch.posted.find(key);
     if (p != ch.posted.end()) {
@@ -918,7 +927,7 @@ void Engine::rail_data_done(Channel& ch, Rail& r) {
       ch.unexpected[key] = h.msg_id;
     }
     it = ch.inmsgs.emplace(h.msg_id, std::move(m)).first;
-  } else if (h.payload_len == 0 && h.msg_len != 0) {
+  } else if (h.flags & kFlagAbort) {
     it->second.aborted = true;
   }
   InMsg& m = it->second;
@@ -1020,7 +1029,14 @@ bool Engine::next_chunk(Channel& ch, Chunk* c) {
 
 void Engine::pump(Channel& ch) {
   if (ch.dead) return;
-  const uint64_t window = cfg_.rail_window_bytes;
+  // Weighted fair dealing: among rails free to take a chunk, the one furthest behind its
+  // share (bytes / weight) gets it. Each rail's window is its weight's share of
+  // R2CCL_RAIL_WINDOW_BYTES, so when every rail is window-bound (the sender outruns the
+  // network or the receiver) the split follows the weights; a rail that cannot keep up
+  // with its share is skipped rather than waited for, so it never sets the pace.
+  double max_weight = 0;
+  for (auto& rp : ch.rails)
+    if (rp->state == RailState::kUp) max_weight = std::max(max_weight, rp->weight);
   for (;;) {
     Rail* best = nullptr;
     double best_vt = 0;
@@ -1028,9 +1044,13 @@ void Engine::pump(Channel& ch) {
     for (auto& rp : ch.rails) {
       Rail& r = *rp;
       if (r.state != RailState::kUp || r.fault == Fault::kStall || r.cur.active || !r.ctrl.empty()) continue;
-      if (r.weight <= 0 || (r.inflight > 0 && r.inflight + cfg_.chunk_bytes > window)) continue;
+      if (r.weight <= 0) continue;
+      uint64_t window = std::max<uint64_t>(
+          cfg_.chunk_bytes, static_cast<uint64_t>(static_cast<double>(cfg_.rail_window_bytes) * r.weight / max_weight));
+      if (r.inflight > 0 && r.inflight + cfg_.chunk_bytes > window) continue;
       if (r.next_tx_ns > now) continue;
-      double vt = std::max(r.vtime, ch.vclock);
+      // A rail that was busy keeps up to one window of credit, so it catches up when free.
+      double vt = std::max(r.vtime, ch.vclock - static_cast<double>(cfg_.rail_window_bytes));
       if (!best || vt < best_vt) {
         best = &r;
         best_vt = vt;
@@ -1044,7 +1064,7 @@ void Engine::pump(Channel& ch) {
       c.len = 0;
       c.offset = 0;
     }
-    ch.vclock = best_vt;
+    ch.vclock = std::max(ch.vclock, best_vt);
     r.vtime = best_vt + static_cast<double>(std::max<uint32_t>(c.len, 1)) / r.weight;
     if (r.inflight == 0) r.progress_ns = now;
     r.inflight += c.len;
@@ -1060,6 +1080,7 @@ void Engine::pump(Channel& ch) {
     h.msg_len = c.req->len;
     h.tag_seq = c.req->tag_seq;
     const uint8_t* payload = c.req->buf + c.offset;
+    if (c.void_) h.flags |= kFlagAbort;
     if (cfg_.crc && c.len > 0) {
       h.flags |= kFlagPayloadCrc;
       h.payload_crc = crc32c(payload, c.len);

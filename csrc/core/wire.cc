@@ -41,7 +41,8 @@ std::string decode_header(const uint8_t in[kHeaderBytes], const WireLimits& lim,
   if (type < 1 || type > 9) return "unknown frame type " + std::to_string(type);
   h->type = static_cast<FrameType>(type);
   h->flags = in[7];
-  if (h->flags & ~kFlagPayloadCrc) return "unknown flags " + std::to_string(h->flags);
+  if (h->flags & ~kKnownFlags) return "unknown flags " + std::to_string(h->flags);
+  if ((h->flags & kFlagAbort) && h->type != FrameType::kData) return "abort flag on a non-data frame";
   h->payload_len = load_le32(in + 8);
   h->seq = load_le64(in + 16);
   h->msg_id = load_le64(in + 24);
@@ -73,7 +74,9 @@ std::string decode_header(const uint8_t in[kHeaderBytes], const WireLimits& lim,
       if (h->seq == 0 || h->seq > kMaxAckRanges || n != h->seq * kAckRangeBytes) return "ack of wrong length";
       break;
     case FrameType::kData:
-      if ((n == 0 && h->msg_len != 0) || n > lim.max_chunk_bytes)
+      if (h->flags & kFlagAbort) {
+        if (n != 0) return "abort mark with a payload";
+      } else if ((n == 0 && h->msg_len != 0) || n > lim.max_chunk_bytes)
         return "data chunk length " + std::to_string(n) + " out of range";
       if (h->msg_len > lim.max_message_bytes)
         return "message length " + std::to_string(h->msg_len) + " exceeds R2CCL_MAX_MESSAGE_BYTES";

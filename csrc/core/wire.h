@@ -27,6 +27,8 @@ enum class FrameType : uint8_t {
   kBye = 9,           // the endpoint is closing on purpose
 };
 constexpr uint8_t kFlagPayloadCrc = 1;
+constexpr uint8_t kFlagAbort = 2;   // data, empty: the sender abandoned this message (send cancelled)
+constexpr uint8_t kKnownFlags = kFlagPayloadCrc | kFlagAbort;
 
 struct FrameHeader {
   FrameType type = FrameType::kData;

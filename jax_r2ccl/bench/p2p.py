@@ -439,6 +439,18 @@ def main(args: argparse.Namespace) -> int:
     return rc
 
 
+def core_build() -> dict:
+    """Which C++ core ran: its file, modification time and a digest (the tree may be dirty)."""
+    import hashlib
+    from .. import _core
+    path = os.path.realpath(_core.__file__)
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return {"path": path, "mtime_unix": os.path.getmtime(path), "sha256": h.hexdigest()[:16]}
+
+
 def report(args, cfg, nics, everyone: list[dict], t_begin: float) -> int:
     results = [r for rep in everyone for r in rep["results"]]
     iterations = [r for rep in everyone for r in rep["iterations"]]
@@ -488,6 +500,7 @@ def report(args, cfg, nics, everyone: list[dict], t_begin: float) -> int:
                           "kernel": os.uname().release, "python": sys.version.split()[0],
                           "numpy": np.__version__}
         config["started_unix"] = t_begin
+        config["core_build"] = core_build()
         rail_stats = {str(rep["rank"]): rep["rail_stats"] for rep in everyone if rep["rail_stats"]}
         write_json(args.json, {"config": config, "results": results, "iterations": iterations,
                                "rail_stats": rail_stats, "fault": fault, "notes": notes, "errors": errors})

@@ -277,11 +277,30 @@ void test_corrupt_fields() {
   // Unknown flag bits, on every type.
   for (FrameType t : kAllTypes) {
     for (int f = 1; f < 256; ++f) {
-      if ((f & ~kFlagPayloadCrc) == 0) continue;
+      if ((f & ~kKnownFlags) == 0) continue;
       FrameHeader h = valid_header(t, false);
       h.flags = uint8_t(f);
       expect_reject(h, kLim, "flags", "unknown flags " + std::to_string(f));
     }
+  }
+
+  // The abort mark: only on data, only empty; an empty chunk of a non-empty message needs it.
+  for (FrameType t : kAllTypes) {
+    if (t == FrameType::kData) continue;
+    FrameHeader h = valid_header(t, false);
+    h.flags = kFlagAbort;
+    expect_reject(h, kLim, "abort", "abort flag on type " + std::to_string(static_cast<int>(t)));
+  }
+  {
+    FrameHeader h = valid_header(FrameType::kData, false);
+    h.flags = kFlagAbort;
+    h.offset = 0;
+    h.msg_len = 1000;
+    h.payload_len = 0;
+    FrameHeader got;
+    check(decode_header(encode(h).data(), kLim, &got).empty(), "abort mark of a non-empty message is valid");
+    h.payload_len = 10;
+    expect_reject(h, kLim, "abort", "abort mark with a payload");
   }
 
   // Fixed-length types with the wrong payload length.
@@ -382,12 +401,13 @@ void test_corrupt_fields() {
 // anything it accepts must satisfy the protocol's invariants and re-encode to the same bytes.
 void check_accepted_invariants(const Bytes& b, const FrameHeader& h, const WireLimits& lim, const char* what) {
   const int t = static_cast<int>(h.type);
-  bool ok = t >= 1 && t <= 9 && (h.flags & ~kFlagPayloadCrc) == 0;
+  bool ok = t >= 1 && t <= 9 && (h.flags & ~kKnownFlags) == 0 &&
+            (!(h.flags & kFlagAbort) || h.type == FrameType::kData);
   switch (h.type) {
     case FrameType::kData:
       ok = ok && h.payload_len <= lim.max_chunk_bytes && h.msg_len <= lim.max_message_bytes &&
            h.offset <= h.msg_len && h.payload_len <= h.msg_len - h.offset &&
-           (h.payload_len > 0 || h.msg_len == 0);
+           ((h.flags & kFlagAbort) ? h.payload_len == 0 : (h.payload_len > 0 || h.msg_len == 0));
       break;
     case FrameType::kAck:
       ok = ok && h.seq >= 1 && h.seq <= kMaxAckRanges && h.payload_len == h.seq * kAckRangeBytes;
