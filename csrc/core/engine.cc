@@ -1528,7 +1528,9 @@ void Endpoint::wait(const std::shared_ptr<Request>& req, double timeout_s) {
                        std::to_string(req->peer) + " (tag " + std::to_string(req->tag) + ", " +
                        std::to_string(req->len) + " bytes) did not complete within " + std::to_string(timeout_s) + " s";
     engine_->cancel(req, Cause::kTimeout, what);
-    req->wait_until(now_ns() + 5000000000LL);
+    // The engine either finished the request or has stopped (closed endpoint): in both cases it
+    // no longer touches the buffer. A request it never saw is an error all the same.
+    if (!req->wait_until(now_ns() + 5000000000LL)) throw Error(Cause::kTimeout, req->peer, what);
   }
   req->rethrow();
 }

@@ -416,6 +416,7 @@ def main(args: argparse.Namespace) -> int:
         args.fault_at = 0.0
     if args.inject and args.inject_rail is None:
         args.inject_rail = 0
+    build = core_build()   # the library this process loaded (the build may change under us)
     dist = Dist(args.coordinator, args.num_processes, args.process_id, args.timeout)
     from ..config import Config
     cfg = Config.from_env()
@@ -433,7 +434,7 @@ def main(args: argparse.Namespace) -> int:
     everyone = dist.gather(f"{args.prefix}/report", mine)
     rc = 1 if (any(r.get("wrong") for r in run.results) or run.errors) else 0
     if everyone is not None:
-        rc = max(rc, report(args, cfg, nics, everyone, t_begin))
+        rc = max(rc, report(args, cfg, nics, everyone, t_begin, build))
     dist.barrier(f"{args.prefix}/end")
     dist.shutdown()
     return rc
@@ -451,7 +452,7 @@ def core_build() -> dict:
     return {"path": path, "mtime_unix": os.path.getmtime(path), "sha256": h.hexdigest()[:16]}
 
 
-def report(args, cfg, nics, everyone: list[dict], t_begin: float) -> int:
+def report(args, cfg, nics, everyone: list[dict], t_begin: float, build: dict) -> int:
     results = [r for rep in everyone for r in rep["results"]]
     iterations = [r for rep in everyone for r in rep["iterations"]]
     for r in iterations:   # the sender's view: "go" received -> its send completed (all acked)
@@ -500,7 +501,7 @@ def report(args, cfg, nics, everyone: list[dict], t_begin: float) -> int:
                           "kernel": os.uname().release, "python": sys.version.split()[0],
                           "numpy": np.__version__}
         config["started_unix"] = t_begin
-        config["core_build"] = core_build()
+        config["core_build"] = build
         rail_stats = {str(rep["rank"]): rep["rail_stats"] for rep in everyone if rep["rail_stats"]}
         write_json(args.json, {"config": config, "results": results, "iterations": iterations,
                                "rail_stats": rail_stats, "fault": fault, "notes": notes, "errors": errors})
