@@ -82,6 +82,7 @@ struct Rail {
   uint64_t inflight = 0;           // bytes dealt to this rail and not yet acknowledged
   RxFrame rx;
   std::vector<std::pair<uint64_t, uint64_t>> acks;   // seq ranges to acknowledge
+  uint64_t cum_sent = 1;           // the cumulative ack point last sent on this rail
 
   int64_t last_rx_ns = 0, last_tx_ns = 0, last_ack_ns = 0, progress_ns = 0, changed_ns = 0;
   bool closed_by_peer = false;     // the established connection ended by EOF or reset (not silence)

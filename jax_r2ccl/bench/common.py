@@ -146,7 +146,8 @@ class Dist:
         import jax  # after JAX_PLATFORMS is set
         jax.distributed.initialize(coordinator_address=coordinator, num_processes=num_processes,
                                    process_id=process_id,
-                                   initialization_timeout=max(10, int(timeout)))
+                                   initialization_timeout=max(10, int(timeout)),
+                                   shutdown_timeout_seconds=max(10, int(timeout)))
         from .._compat.jax_kv import distributed_client
         self._jax = jax
         self.client = distributed_client()

@@ -227,9 +227,7 @@ class Runner:
 
             if arm_fault and self.role == "send" and (a.fault_cmd or a.inject):
                 self.fault = self._make_fault(ep)
-            if self.role == "idle":
-                pass
-            else:
+            if self.role != "idle":
                 self.run_impl(impl, send, recv, sender_sync, receiver_sync, rail_rx, arm_fault,
                               per_iter_rails=rail_rx)
             if self.fault and arm_fault:
@@ -244,7 +242,7 @@ class Runner:
         a = self.args
         action = None
         if a.inject:
-            rail, fault, rate, heal = a.inject_rail or 0, a.inject, a.inject_rate, a.inject_heal_after
+            rail, fault, rate, heal = a.inject_rail, a.inject, a.inject_rate, a.inject_heal_after
 
             def action():
                 ep.inject(self.peer, rail, fault, rate)
@@ -410,8 +408,12 @@ def main(args: argparse.Namespace) -> int:
     if args.num_processes < 2:
         print("bench p2p: needs at least 2 processes", file=sys.stderr)
         return 2
-    if args.inject and args.fault_at is None:
-        args.fault_at = 0.0
+    if args.inject == "rate" and not args.inject_rate > 0:
+        print("bench p2p: --inject rate needs --inject-rate BYTES_PER_S > 0", file=sys.stderr)
+        return 2
+    if args.fault_at is not None and not (args.fault_cmd or args.inject):
+        print("bench p2p: --fault-at needs --fault-cmd or --inject", file=sys.stderr)
+        return 2
     if (args.fault_cmd or args.inject) and args.fault_at is None:
         args.fault_at = 0.0
     if args.inject and args.inject_rail is None:
@@ -423,17 +425,38 @@ def main(args: argparse.Namespace) -> int:
     nics = [n.strip() for n in args.nics.split(",") if n.strip()] if args.nics else cfg.nic_list()
     run = Runner(args, dist, nics)
     t_begin = time.time()
-    run.run_r2ccl("r2ccl", nics, arm_fault=True)
-    if not args.no_baselines:
-        run.run_r2ccl("r2ccl-1rail", nics[:1], arm_fault=False)
-        run.run_mptcp()
+    aborted = None
+    try:
+        run.run_r2ccl("r2ccl", nics, arm_fault=True)
+        if not args.no_baselines:
+            run.run_r2ccl("r2ccl-1rail", nics[:1], arm_fault=False)
+            run.run_mptcp()
+    except Exception as e:  # noqa: BLE001 - a lost peer or coordinator: report what we have
+        aborted = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        run.errors.append(f"aborted: {aborted}")
     mine = {"rank": dist.rank, "role": run.role, "results": run.results, "iterations": run.iterations,
             "send_times": run.send_times,
             "rail_stats": run.rail_stats, "notes": run.notes, "errors": run.errors,
             "fault": run.fault.summary() if run.fault else None}
-    everyone = dist.gather(f"{args.prefix}/report", mine)
+    everyone = None
+    if aborted is None:
+        try:
+            everyone = dist.gather(f"{args.prefix}/report", mine)
+            if dist.rank != 0:
+                everyone = []
+        except Exception as e:  # noqa: BLE001
+            aborted = f"gathering the results: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            run.errors.append(f"aborted: {aborted}")
     rc = 1 if (any(r.get("wrong") for r in run.results) or run.errors) else 0
-    if everyone is not None:
+    if aborted is not None:
+        # Every process prints what it measured itself; process 0 writes it as JSON.
+        print(f"bench p2p: rank {dist.rank}: {aborted}", file=sys.stderr)
+        report(args, cfg, nics, [mine], t_begin, build, write=dist.rank == 0)
+        # jax.distributed's shutdown barrier would wait for the lost process: leave now.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)
+    if everyone:
         rc = max(rc, report(args, cfg, nics, everyone, t_begin, build))
     dist.barrier(f"{args.prefix}/end")
     dist.shutdown()
@@ -452,12 +475,13 @@ def core_build() -> dict:
     return {"path": path, "mtime_unix": os.path.getmtime(path), "sha256": h.hexdigest()[:16]}
 
 
-def report(args, cfg, nics, everyone: list[dict], t_begin: float, build: dict) -> int:
+def report(args, cfg, nics, everyone: list[dict], t_begin: float, build: dict, write: bool = True) -> int:
     results = [r for rep in everyone for r in rep["results"]]
     iterations = [r for rep in everyone for r in rep["iterations"]]
     for r in iterations:   # the sender's view: "go" received -> its send completed (all acked)
-        sender = everyone[2 * r["pair"]]
-        r["send_time_us"] = sender["send_times"].get(f"{r['impl']}/{r['size_bytes']}/{r['iter']}")
+        sender = next((rep for rep in everyone if rep["rank"] == 2 * r["pair"]), None)
+        if sender is not None:
+            r["send_time_us"] = sender["send_times"].get(f"{r['impl']}/{r['size_bytes']}/{r['iter']}")
     notes = [n for rep in everyone for n in rep["notes"]]
     errors = [f"rank {rep['rank']}: {e}" for rep in everyone for e in rep["errors"]]
     fault = next((rep["fault"] for rep in everyone if rep["fault"]), None)
@@ -492,7 +516,7 @@ def report(args, cfg, nics, everyone: list[dict], t_begin: float, build: dict) -
     for e in errors:
         print(f"# error: {e}")
     wrong = sum(r.get("wrong") or 0 for r in results)
-    if args.json:
+    if args.json and write:
         config = {k: v for k, v in vars(args).items() if k not in ("sizes", "handler", "command", "bench")}
         config["sizes"] = list(args.sizes)
         config["nic_list"] = nics
