@@ -15,6 +15,12 @@ def _bench_p2p(args: argparse.Namespace) -> int:
     return p2p.main(args)
 
 
+def _settings(args: argparse.Namespace) -> int:
+    from .config import settings_table
+    print(settings_table(), end="")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m jax_r2ccl",
                                      description="jax_r2ccl: fault-tolerant multi-NIC communication for JAX")
@@ -30,6 +36,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("demo", help="the fault-tolerance demo (arguments go to jax_r2ccl.demo)",
                    add_help=False)
+    st = sub.add_parser("settings", help="print every R2CCL_* setting as a markdown table")
+    st.set_defaults(handler=_settings)
     return parser
 
 

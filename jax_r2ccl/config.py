@@ -198,3 +198,14 @@ def default_nics() -> list[str]:
     except OSError:
         pass
     return names or ["127.0.0.1"]
+
+
+def settings_table() -> str:
+    """The README's settings table (markdown), generated from SETTINGS."""
+    rows = ["| Setting | Default | What it does |", "|---|---|---|"]
+    for st in SETTINGS:
+        d = st.default
+        if st.kind is bool:
+            d = "1" if d else "0"
+        rows.append(f"| `{st.env}` | `{d if d != '' else '(empty)'}` | {st.doc} |")
+    return "\n".join(rows) + "\n"

@@ -10,8 +10,10 @@ from jax_r2ccl.errors import R2cclError
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def test_every_setting_is_in_the_readme_table():
+def test_readme_settings_table_is_the_generated_one():
+    from jax_r2ccl.config import settings_table
     readme = open(os.path.join(ROOT, "README.md")).read()
+    assert settings_table() in readme, "README's settings table is stale: paste `python -m jax_r2ccl settings`"
     for s in SETTINGS:
         assert f"| `{s.env}` |" in readme, f"{s.env} missing from README's settings table"
 

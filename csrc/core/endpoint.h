@@ -26,6 +26,7 @@ struct RailStats {
   uint64_t retransmitted_chunks = 0;         // chunks this rail carried for a failed sibling
   uint64_t inflight_bytes = 0;
   uint64_t failures = 0, recoveries = 0;
+  double rtt_us = 0;                         // last heartbeat round trip (0: none yet)
   std::string fault;            // injected fault: "", "close", "stall", "rate"
   std::string last_error;
   double last_change_unix_s = 0;

@@ -472,6 +472,7 @@ std::vector<RailStats> Engine::stats(int peer) {
       s.inflight_bytes = r.inflight;
       s.failures = r.failures;
       s.recoveries = r.recoveries;
+      s.rtt_us = static_cast<double>(r.rtt_ns) / 1e3;
       s.fault = fault_name(r.fault);
       s.last_error = r.last_error;
       s.last_change_unix_s = r.changed_unix_s;

@@ -227,8 +227,14 @@ void Engine::rail_control(Channel& ch, Rail& r) {
       rail_flush(ch, r);
       return;
     }
-    case FrameType::kHeartbeatAck:
-      return;   // liveness is last_rx_ns; the RTT sample is for the health monitor (next issue)
+    case FrameType::kHeartbeatAck: {
+      // Liveness is last_rx_ns; the round trip is a sample for the health monitor. The echoed
+      // clock is our own, so only a value in the past is believed.
+      int64_t sent = static_cast<int64_t>(load_le64(body.data() + 8));
+      int64_t now = now_ns();
+      if (sent > 0 && sent <= now && now - sent < 60 * 1000 * kMs) r.rtt_ns = now - sent;
+      return;
+    }
     case FrameType::kBye:
       R2_INFO("rank %d said goodbye on %s", ch.peer, rail_name(ch, r).c_str());
       ch.bye_received = true;

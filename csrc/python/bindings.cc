@@ -146,6 +146,7 @@ NB_MODULE(_core, m) {
               d["inflight_bytes"] = s.inflight_bytes;
               d["failures"] = s.failures;
               d["recoveries"] = s.recoveries;
+              d["rtt_us"] = s.rtt_us;
               d["fault"] = s.fault;
               d["last_error"] = s.last_error;
               d["last_change_unix_s"] = s.last_change_unix_s;
