@@ -15,7 +15,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LOOPBACK4 = ["127.0.0.1", "127.0.0.2", "127.0.0.3", "127.0.0.4"]
 
 # Fast failure detection for tests; every test bounds itself with these.
-FAST = dict(timeout_s=10.0, bootstrap_timeout_s=30.0, heartbeat_ms=50, stall_ms=200, reprobe_ms=100, connect_timeout_ms=1000,
+FAST = dict(timeout_s=10.0, bootstrap_timeout_s=30.0, heartbeat_ms=100, stall_ms=200, reprobe_ms=100, connect_timeout_ms=1000,
             crc=True)
 
 

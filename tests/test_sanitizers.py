@@ -59,5 +59,5 @@ def test_transport_suite_is_clean_under_asan_and_ubsan(tmp_path):
     assert r.returncode == 0, report
     assert "ERROR: AddressSanitizer" not in report and "runtime error:" not in report, report
     assert str(stage) in subprocess.run(
-        [sys.executable, "-c", "import jax_r2ccl; print(jax_r2ccl.__file__)"], env=env,
+        [sys.executable, "-c", "import jax_r2ccl; print(jax_r2ccl.__file__)"], env=env, cwd=str(tmp_path),
         capture_output=True, text=True).stdout, "the child did not import the sanitized build"

@@ -83,6 +83,7 @@ class Engine {
   void rail_writable(Channel& ch, Rail& r);
   bool rail_flush(Channel& ch, Rail& r);     // false: the rail failed
   void rail_control(Channel& ch, Rail& r);
+  InMsg* open_inmsg(Channel& ch, const FrameHeader& h);
   void rail_data_header(Channel& ch, Rail& r);
   void rail_data_done(Channel& ch, Rail& r);
   void flush_acks(Channel& ch, Rail& r);

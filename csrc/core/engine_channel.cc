@@ -192,15 +192,12 @@ void Engine::post_recv(Channel& ch, const std::shared_ptr<Request>& req) {
   ch.unexpected.erase(u);
   InMsg& m = ch.inmsgs.at(msg_id);
   if (m.aborted) {
-    req->finish_error(Cause::kTimeout, "rank " + std::to_string(ch.peer) +
-                                           " abandoned this message (its send was cancelled or timed out)");
+    req->finish_error(Cause::kTimeout, abandoned(ch.peer));
     m.discard = true;
     return;
   }
   if (m.len != req->len) {
-    req->finish_error(Cause::kMismatch, "rank " + std::to_string(ch.peer) + " sent " + std::to_string(m.len) +
-                                            " bytes with tag " + std::to_string(req->tag) +
-                                            " but this receive expects " + std::to_string(req->len));
+    req->finish_error(Cause::kMismatch, size_mismatch(ch.peer, m.len, req->tag, req->len));
     m.discard = true;
     m.staging.clear();
     m.staging.shrink_to_fit();

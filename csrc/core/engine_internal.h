@@ -74,5 +74,14 @@ inline IoResult read_header(Connection& c, RxFrame& rx) {
   return {IoResult::kOk, 0, 0};
 }
 
+inline std::string size_mismatch(int peer, uint64_t sent, uint64_t tag, uint64_t expects) {
+  return "rank " + std::to_string(peer) + " sent " + std::to_string(sent) + " bytes with tag " + std::to_string(tag) +
+         " but this receive expects " + std::to_string(expects);
+}
+
+inline std::string abandoned(int peer) {
+  return "rank " + std::to_string(peer) + " abandoned this message (its send was cancelled or timed out)";
+}
+
 }  // namespace detail
 }  // namespace r2ccl

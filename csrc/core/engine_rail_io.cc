@@ -245,53 +245,60 @@ void Engine::rail_control(Channel& ch, Rail& r) {
   }
 }
 
+// The receive state of the message a data chunk belongs to, created on its first chunk:
+// matched to the posted receive with the same (tag, k-th), or staged until one is posted.
+// Null when the channel died (out of memory for staging).
+InMsg* Engine::open_inmsg(Channel& ch, const FrameHeader& h) {
+  auto it = ch.inmsgs.find(h.msg_id);
+  if (it != ch.inmsgs.end()) return &it->second;
+  InMsg m;
+  m.tag = h.tag;
+  m.tag_seq = h.tag_seq;
+  m.len = h.msg_len;
+  m.aborted = (h.flags & kFlagAbort) != 0;
+  auto key = std::make_pair(h.tag, h.tag_seq);
+  auto p = ch.posted.find(key);
+  if (p != ch.posted.end()) {
+    auto req = p->second;
+    ch.posted.erase(p);
+    if (req->len != h.msg_len) {
+      req->finish_error(Cause::kMismatch, size_mismatch(ch.peer, h.msg_len, h.tag, req->len));
+      m.discard = true;
+    } else {
+      m.req = req;
+    }
+  } else {
+    if (!m.aborted) {
+      try {
+        m.staging.resize(h.msg_len);
+      } catch (const std::bad_alloc&) {
+        kill_channel(ch, Cause::kSystem, "out of memory staging a " + std::to_string(h.msg_len) +
+                                             "-byte message from rank " + std::to_string(ch.peer));
+        return nullptr;
+      }
+    }
+    ch.unexpected[key] = h.msg_id;
+  }
+  return &ch.inmsgs.emplace(h.msg_id, std::move(m)).first->second;
+}
+
 // Decides where a data chunk's payload goes: the receive's buffer, staging, or nowhere.
 void Engine::rail_data_header(Channel& ch, Rail& r) {
   RxFrame& rx = r.rx;
   const FrameHeader& h = rx.h;
   rx.scratch = true;
   if (ch.seq_applied(h.seq) || h.payload_len == 0) return;
-  auto it = ch.inmsgs.find(h.msg_id);
-  if (it == ch.inmsgs.end()) {
-    InMsg m;
-    m.tag = h.tag;
-    m.tag_seq = h.tag_seq;
-    m.len = h.msg_len;
-    auto key = std::make_pair(h.tag, h.tag_seq);
-    auto p = ch.posted.find(key);
-    if (p != ch.posted.end()) {
-      auto req = p->second;
-      ch.posted.erase(p);
-      if (req->len != h.msg_len) {
-        req->finish_error(Cause::kMismatch,
-                          "rank " + std::to_string(ch.peer) + " sent " + std::to_string(h.msg_len) +
-                              " bytes with tag " + std::to_string(h.tag) + " but this receive expects " +
-                              std::to_string(req->len));
-        m.discard = true;
-      } else {
-        m.req = req;
-      }
-    } else {
-      try {
-        m.staging.resize(h.msg_len);
-      } catch (const std::bad_alloc&) {
-        kill_channel(ch, Cause::kSystem, "out of memory staging a " + std::to_string(h.msg_len) +
-                                             "-byte message from rank " + std::to_string(ch.peer));
-        return;
-      }
-      ch.unexpected[key] = h.msg_id;
-    }
-    it = ch.inmsgs.emplace(h.msg_id, std::move(m)).first;
-  } else if (it->second.tag != h.tag || it->second.tag_seq != h.tag_seq || it->second.len != h.msg_len) {
+  InMsg* m = open_inmsg(ch, h);
+  if (!m) return;
+  if (m->tag != h.tag || m->tag_seq != h.tag_seq || m->len != h.msg_len) {
     fail_rail(ch, r, "protocol error: chunk disagrees with its message", false);
     return;
   }
-  InMsg& m = it->second;
-  if (m.discard || m.aborted) return;
+  if (m->discard || m->aborted) return;
   rx.scratch = false;
   // A message that began unexpected keeps landing in staging until whole (chunks already
   // there are copied once at completion); one whose receive came first lands in place.
-  rx.dest = (m.staging.empty() ? m.req->buf : m.staging.data()) + h.offset;
+  rx.dest = (m->staging.empty() ? m->req->buf : m->staging.data()) + h.offset;
 }
 
 void Engine::rail_data_done(Channel& ch, Rail& r) {
@@ -315,42 +322,18 @@ void Engine::rail_data_done(Channel& ch, Rail& r) {
   ch.mark_applied(h.seq);
   r.rx_bytes += h.payload_len;
   r.rx_chunks++;
-  auto it = ch.inmsgs.find(h.msg_id);
-  if (it == ch.inmsgs.end()) {
-    // The first chunk seen of this message is empty: a zero-length or abandoned message.
-    InMsg m;
-    m.tag = h.tag;
-    m.tag_seq = h.tag_seq;
-    m.len = h.msg_len;
-    m.aborted = (h.flags & kFlagAbort) != 0;
-    auto key = std::make_pair(h.tag, h.tag_seq);
-    auto p = ch.posted.find(key);
-    if (p != ch.posted.end()) {
-      m.req = p->second;
-      ch.posted.erase(p);
-    } else {
-      ch.unexpected[key] = h.msg_id;
-    }
-    it = ch.inmsgs.emplace(h.msg_id, std::move(m)).first;
-  } else if (h.flags & kFlagAbort) {
-    it->second.aborted = true;
-  }
-  InMsg& m = it->second;
-  m.received += h.payload_len;
-  if (m.aborted && m.req) {
-    if (m.req->len != m.len) {
-      m.req->finish_error(Cause::kMismatch, "rank " + std::to_string(ch.peer) + " sent " + std::to_string(m.len) +
-                                                " bytes but this receive expects " + std::to_string(m.req->len));
-    } else {
-      m.req->finish_error(Cause::kTimeout, "rank " + std::to_string(ch.peer) +
-                                               " abandoned this message (its send was cancelled or timed out)");
-    }
-    m.req.reset();
-    m.discard = true;
+  InMsg* m = open_inmsg(ch, h);   // exists unless this is an empty (zero-length or abort) chunk
+  if (!m) return;
+  if (h.flags & kFlagAbort) m->aborted = true;
+  m->received += h.payload_len;
+  if (m->aborted && m->req) {
+    m->req->finish_error(Cause::kTimeout, abandoned(ch.peer));
+    m->req.reset();
+    m->discard = true;
     redirect_to_scratch(ch, h.msg_id);
     return;
   }
-  if (!m.aborted && m.received == m.len) finish_inmsg(ch, h.msg_id);
+  if (!m->aborted && m->received == m->len) finish_inmsg(ch, h.msg_id);
 }
 
 void Engine::finish_inmsg(Channel& ch, uint64_t msg_id) {
@@ -363,12 +346,10 @@ void Engine::finish_inmsg(Channel& ch, uint64_t msg_id) {
   }
   if (!m.req) return;   // unexpected: waits for its receive
   if (!m.staging.empty() && m.req->len) std::memcpy(m.req->buf, m.staging.data(), m.len);
-  if (m.req->len != m.len) {
-    m.req->finish_error(Cause::kMismatch, "rank " + std::to_string(ch.peer) + " sent " + std::to_string(m.len) +
-                                              " bytes but this receive expects " + std::to_string(m.req->len));
-  } else {
+  if (m.req->len != m.len)
+    m.req->finish_error(Cause::kMismatch, size_mismatch(ch.peer, m.len, m.tag, m.req->len));
+  else
     m.req->finish_ok();
-  }
   redirect_to_scratch(ch, msg_id);
   ch.inmsgs.erase(it);
 }
