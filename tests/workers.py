@@ -343,3 +343,100 @@ def weighted_split(ep, rank, world, weights, nbytes=64 << 20):
     ep.recv(peer, buf, tag=1)
     barrier(ep, rank, world)
     return {"exact": bool(np.array_equal(buf, pattern(nbytes, 6)))}
+
+
+# ------------------------------------------------------------------ host collectives
+
+def _rank_input(kind, dtype, count, rank, seed=0):
+    """Deterministic input of one rank: small values so sums and products stay exact-ish."""
+    import ml_dtypes  # noqa: F401  (registers bfloat16 with numpy)
+    rng = np.random.default_rng(1000 * seed + rank)
+    dt = np.dtype(dtype)
+    if dt == np.bool_:
+        return rng.integers(0, 2, count).astype(np.bool_)
+    if dt.kind in "iu":
+        return rng.integers(0, 100, count).astype(dt)
+    return (rng.standard_normal(count) * 4).astype(dt)
+
+
+def _fold(op, xs):
+    """Canonical order of csrc/coll: left fold, in the order given."""
+    acc = xs[0].copy()
+    for x in xs[1:]:
+        if op == "sum":
+            acc = np.logical_or(acc, x) if acc.dtype == np.bool_ else (acc + x).astype(acc.dtype)
+        elif op == "prod":
+            acc = np.logical_and(acc, x) if acc.dtype == np.bool_ else (acc * x).astype(acc.dtype)
+        elif op == "max":
+            acc = np.maximum(acc, x)
+        else:
+            acc = np.minimum(acc, x)
+    return acc
+
+
+def host_reference(kind, op, inputs_by_rank, process_of_rank, root=0):
+    """What every rank's output must be, in the library's canonical (hierarchical) order."""
+    n = len(process_of_rank)
+    procs = list(dict.fromkeys(process_of_rank))
+    if kind in ("all_reduce", "reduce_scatter"):
+        partial = [_fold(op, [inputs_by_rank[r] for r in range(n) if process_of_rank[r] == p]) for p in procs]
+        total = _fold(op, partial)
+        if kind == "all_reduce":
+            return [total] * n
+        shard = total.size // n
+        return [total[r * shard:(r + 1) * shard] for r in range(n)]
+    if kind == "all_gather":
+        return [np.concatenate(inputs_by_rank)] * n
+    if kind == "all_to_all":
+        chunk = inputs_by_rank[0].size // n
+        return [np.concatenate([inputs_by_rank[r][j * chunk:(j + 1) * chunk] for r in range(n)]) for j in range(n)]
+    return [inputs_by_rank[root]] * n
+
+
+def host_collective(ep, rank, world, cases, local=1, fault=None, rate=None):
+    """Runs each case (kind, dtype, op, count, root) with `local` ranks per process; checks
+    every output bit for bit against the canonical-order reference."""
+    import ml_dtypes  # noqa: F401
+    from jax_r2ccl.host_collectives import HostCollectives
+    hc = HostCollectives(ep)
+    process_of_rank = [p for p in range(world) for _ in range(local)]
+    my_ranks = [r for r, p in enumerate(process_of_rank) if p == rank]
+    if rate:
+        for peer in range(world):
+            if peer != rank:
+                for s in ep.rail_stats(peer):
+                    ep.inject(peer, s["rail"], "rate", rate)
+    bad = []
+    timer = None
+    for i, (kind, dtype, op, count, root) in enumerate(cases):
+        if fault and i == fault["case"] and rank == 0:
+            timer = threading.Timer(fault["after_s"], lambda: ep.inject(1, fault["rail"], fault["fault"]))
+            timer.start()
+        ins = {r: _rank_input(kind, dtype, count, r, seed=i) for r in range(len(process_of_rank))}
+        outs = hc.run(kind, [ins[r] for r in my_ranks], process_of_rank=process_of_rank, my_ranks=my_ranks,
+                      op=op, root=root)
+        ref = host_reference(kind, op, [ins[r] for r in range(len(process_of_rank))], process_of_rank, root)
+        for r, o in zip(my_ranks, outs):
+            want = ref[r]
+            if o.dtype != want.dtype or o.shape != want.shape or o.tobytes() != want.tobytes():
+                diff = int(np.count_nonzero(o.view(np.uint8) != want.view(np.uint8))) if o.nbytes == want.nbytes else -1
+                bad.append({"case": [kind, dtype, op, count, root], "rank": r, "bytes_differing": diff})
+    if timer:
+        timer.join()
+    stats = {p: _stats_summary(ep, p) for p in range(world) if p != rank}
+    barrier(ep, rank, world)
+    hc.close()
+    return {"bad": bad, "stats": stats}
+
+
+def host_mismatch(ep, rank, world):
+    """Processes disagree about a collective's size: a clear error on every process, no hang."""
+    from jax_r2ccl.host_collectives import HostCollectives
+    hc = HostCollectives(ep)
+    n = 1000 if rank == 0 else 2000
+    try:
+        hc.run("all_reduce", [np.ones(n, np.float32)], process_of_rank=list(range(world)), my_ranks=[rank],
+               timeout=5.0)
+        return {"error": None}
+    except R2cclError as e:
+        return {"error": str(e), "cause": e.cause}

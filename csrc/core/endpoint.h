@@ -4,6 +4,7 @@
 #pragma once
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -56,8 +57,14 @@ class Endpoint {
   // rails still missing; rails that came up are kept.
   void wait_ready(const std::vector<int>& peers, double timeout_s);
 
-  std::shared_ptr<Request> post_send(int peer, uint64_t tag, const void* buf, uint64_t len);
-  std::shared_ptr<Request> post_recv(int peer, uint64_t tag, void* buf, uint64_t len);
+  // on_finish (optional) runs once on the engine thread when the request finishes: keep it short.
+  std::shared_ptr<Request> post_send(int peer, uint64_t tag, const void* buf, uint64_t len,
+                                     std::function<void()> on_finish = {});
+  std::shared_ptr<Request> post_recv(int peer, uint64_t tag, void* buf, uint64_t len,
+                                     std::function<void()> on_finish = {});
+  // Stops the engine touching a request's buffer and fails it (no-op once finished).
+  void cancel(const std::shared_ptr<Request>& req, Cause cause, const std::string& why);
+  const Config& config() const;
   // Waits for a request. On deadline the request is cancelled (the engine stops touching its
   // buffer before this returns) and Error(kTimeout) is thrown. timeout_s < 0: R2CCL_TIMEOUT.
   void wait(const std::shared_ptr<Request>& req, double timeout_s);

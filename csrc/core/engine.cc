@@ -551,17 +551,27 @@ void Endpoint::wait_ready(const std::vector<int>& peers, double timeout_s) {
   }
 }
 
-std::shared_ptr<Request> Endpoint::post_send(int peer, uint64_t tag, const void* buf, uint64_t len) {
+std::shared_ptr<Request> Endpoint::post_send(int peer, uint64_t tag, const void* buf, uint64_t len,
+                                             std::function<void()> on_finish) {
   auto req = std::make_shared<Request>(Request::kSend, peer, tag, static_cast<uint8_t*>(const_cast<void*>(buf)), len);
+  req->on_finish = std::move(on_finish);
   engine_->submit(req);
   return req;
 }
 
-std::shared_ptr<Request> Endpoint::post_recv(int peer, uint64_t tag, void* buf, uint64_t len) {
+std::shared_ptr<Request> Endpoint::post_recv(int peer, uint64_t tag, void* buf, uint64_t len,
+                                             std::function<void()> on_finish) {
   auto req = std::make_shared<Request>(Request::kRecv, peer, tag, static_cast<uint8_t*>(buf), len);
+  req->on_finish = std::move(on_finish);
   engine_->submit(req);
   return req;
 }
+
+void Endpoint::cancel(const std::shared_ptr<Request>& req, Cause cause, const std::string& why) {
+  engine_->cancel(req, cause, why);
+}
+
+const Config& Endpoint::config() const { return engine_->config(); }
 
 void Endpoint::wait(const std::shared_ptr<Request>& req, double timeout_s) {
   if (timeout_s < 0) timeout_s = engine_->config().timeout_s;

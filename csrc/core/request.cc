@@ -8,20 +8,41 @@
 namespace r2ccl {
 
 void Request::finish_ok() {
-  std::lock_guard<std::mutex> g(mu_);
-  if (done_) return;
-  done_ = true;
-  cv_.notify_all();
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    if (done_) return;
+    done_ = true;
+    cv_.notify_all();
+  }
+  if (on_finish) on_finish();
 }
 
 void Request::finish_error(Cause cause, const std::string& message) {
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    if (done_) return;
+    done_ = true;
+    failed_ = true;
+    cause_ = cause;
+    error_ = message;
+    cv_.notify_all();
+  }
+  if (on_finish) on_finish();
+}
+
+bool Request::failed() {
   std::lock_guard<std::mutex> g(mu_);
-  if (done_) return;
-  done_ = true;
-  failed_ = true;
-  cause_ = cause;
-  error_ = message;
-  cv_.notify_all();
+  return failed_;
+}
+
+std::string Request::error_message() {
+  std::lock_guard<std::mutex> g(mu_);
+  return error_;
+}
+
+Cause Request::error_cause() {
+  std::lock_guard<std::mutex> g(mu_);
+  return cause_;
 }
 
 bool Request::wait_until(int64_t deadline_ns) {

@@ -3,6 +3,7 @@
 #pragma once
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <mutex>
 #include <string>
 
@@ -28,6 +29,12 @@ struct Request {
   bool finished();
   // Valid after finished(): throws the stored error, if any.
   void rethrow();
+  // Valid after finished(): whether it failed, and why.
+  bool failed();
+  std::string error_message();
+  Cause error_cause();
+  // Called once, on the engine thread, right after the request finishes (set before posting).
+  std::function<void()> on_finish;
 
   // engine-only
   uint64_t msg_id = 0;

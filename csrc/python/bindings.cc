@@ -10,6 +10,7 @@
 #include "base/config.h"
 #include "base/error.h"
 #include "base/log.h"
+#include "coll/collectives.h"
 #include "core/digest.h"
 #include "core/endpoint.h"
 #include "core/wire.h"
@@ -176,6 +177,63 @@ NB_MODULE(_core, m) {
             nb::gil_scoped_release nogil;
             ep.close();
           });
+
+  // Process-level collectives over an endpoint (tests, benchmarks; the FFI layer uses the
+  // same executor).
+  nb::class_<coll::Executor>(m, "Collectives")
+      .def(nb::init<Endpoint&, int>(), nb::arg("endpoint"), nb::arg("my_process"), nb::keep_alive<1, 2>())
+      .def(
+          "run",
+          [](coll::Executor& ex, const std::string& kind, const std::string& dtype, const std::string& op, int root,
+             uint64_t tag, const std::vector<int>& process_of_rank, const std::vector<int>& my_ranks,
+             std::vector<Buffer> inputs, std::vector<Buffer> outputs, uint64_t count, double timeout,
+             const std::string& what) {
+            coll::ProcessCall c;
+            static const char* kinds[] = {"all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast"};
+            int k = -1;
+            for (int i = 0; i < 5; i++)
+              if (kind == kinds[i]) k = i;
+            if (k < 0) throw Error(Cause::kInvalidArgument, -1, "unknown collective '" + kind + "'");
+            c.kind = static_cast<coll::Kind>(k);
+            if (!coll::parse_dtype(dtype, &c.dtype))
+              throw Error(Cause::kInvalidArgument, -1, "unsupported dtype '" + dtype + "'");
+            static const char* ops[] = {"sum", "prod", "min", "max"};
+            int o = -1;
+            for (int i = 0; i < 4; i++)
+              if (op == ops[i]) o = i;
+            if (o < 0) throw Error(Cause::kInvalidArgument, -1, "unknown reduction '" + op + "'");
+            c.op = static_cast<coll::ReduceOp>(o);
+            c.root = root;
+            c.tag = tag;
+            c.process_of_rank = process_of_rank;
+            c.my_ranks = my_ranks;
+            c.count = count;
+            c.timeout_s = timeout;
+            c.what = what;
+            const uint64_t esize = coll::dtype_size(c.dtype);
+            const uint64_t out_count = coll::output_count(c.kind, count, static_cast<int>(process_of_rank.size()));
+            for (auto& b : inputs) {
+              if (b.nbytes() != count * esize)
+                throw Error(Cause::kInvalidArgument, -1, "an input holds " + std::to_string(b.nbytes()) +
+                                                             " bytes, expected " + std::to_string(count * esize));
+              c.in.push_back(b.data());
+            }
+            for (auto& b : outputs) {
+              if (b.nbytes() != out_count * esize)
+                throw Error(Cause::kInvalidArgument, -1, "an output holds " + std::to_string(b.nbytes()) +
+                                                             " bytes, expected " + std::to_string(out_count * esize));
+              c.out.push_back(b.data());
+            }
+            nb::gil_scoped_release nogil;
+            ex.run(std::move(c));
+          },
+          nb::arg("kind"), nb::arg("dtype"), nb::arg("op"), nb::arg("root"), nb::arg("tag"),
+          nb::arg("process_of_rank"), nb::arg("my_ranks"), nb::arg("inputs"), nb::arg("outputs"), nb::arg("count"),
+          nb::arg("timeout"), nb::arg("what") = "")
+      .def("close", [](coll::Executor& ex) {
+        nb::gil_scoped_release nogil;
+        ex.close();
+      });
 
   m.def("unix_time", &unix_time_s);
 

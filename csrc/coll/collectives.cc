@@ -1,0 +1,504 @@
+// Collective algorithms (see collectives.h for the canonical order). Each call becomes an
+// Op: the messages it posts, the reductions it folds as contributions arrive, in canonical
+// order, and the sends that follow a reduction. The executor thread steps every Op whenever
+// a message finishes. Knows nothing of sockets, rails or JAX.
+#include "coll/collectives.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <future>
+#include <map>
+#include <set>
+
+#include "base/log.h"
+
+namespace r2ccl::coll {
+
+const char* kind_name(Kind k) {
+  switch (k) {
+    case Kind::kAllReduce: return "all_reduce";
+    case Kind::kReduceScatter: return "reduce_scatter";
+    case Kind::kAllGather: return "all_gather";
+    case Kind::kAllToAll: return "all_to_all";
+    case Kind::kBroadcast: return "broadcast";
+  }
+  return "?";
+}
+
+uint64_t output_count(Kind k, uint64_t count, int n) {
+  switch (k) {
+    case Kind::kReduceScatter: return count / static_cast<uint64_t>(n);
+    case Kind::kAllGather: return count * static_cast<uint64_t>(n);
+    default: return count;
+  }
+}
+
+std::string validate(const ProcessCall& c, int my_process) {
+  const int n = static_cast<int>(c.process_of_rank.size());
+  if (n == 0) return "the group has no ranks";
+  if (c.my_ranks.empty()) return "this process holds no rank of the group";
+  if (c.in.size() != c.my_ranks.size() || c.out.size() != c.my_ranks.size())
+    return "one input and one output buffer are needed per local rank";
+  for (size_t i = 0; i < c.my_ranks.size(); i++) {
+    int r = c.my_ranks[i];
+    if (r < 0 || r >= n) return "local rank " + std::to_string(r) + " is outside the group of " + std::to_string(n);
+    if (c.process_of_rank[r] != my_process)
+      return "rank " + std::to_string(r) + " belongs to process " + std::to_string(c.process_of_rank[r]) +
+             ", not to this process " + std::to_string(my_process);
+    if (i > 0 && c.my_ranks[i - 1] >= r) return "local ranks must be given in increasing order";
+  }
+  if (c.kind == Kind::kReduceScatter && c.count % static_cast<uint64_t>(n) != 0)
+    return "reduce_scatter needs an input size divisible by the group size (" + std::to_string(c.count) +
+           " elements over " + std::to_string(n) + " ranks)";
+  if (c.kind == Kind::kAllToAll && c.count % static_cast<uint64_t>(n) != 0)
+    return "all_to_all needs an input size divisible by the group size (" + std::to_string(c.count) +
+           " elements over " + std::to_string(n) + " ranks)";
+  if (c.kind == Kind::kBroadcast && (c.root < 0 || c.root >= n))
+    return "broadcast root " + std::to_string(c.root) + " is outside the group of " + std::to_string(n);
+  if (c.dtype == DType::kBool && (c.op == ReduceOp::kSum || c.op == ReduceOp::kProd) &&
+      (c.kind == Kind::kAllReduce || c.kind == Kind::kReduceScatter))
+    return std::string("a ") + reduce_op_name(c.op) + " over bool is not defined (use max or min)";
+  return {};
+}
+
+namespace {
+
+constexpr int64_t kNs = 1000000000;
+
+int64_t mono_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+// A tag for one message of one collective: the call's tag mixed with the message's role.
+uint64_t mix_tag(uint64_t base, uint64_t phase, uint64_t a, uint64_t b, uint64_t piece) {
+  uint64_t h = base ^ 0x9E3779B97F4A7C15ull;
+  for (uint64_t v : {phase, a, b, piece}) {
+    h ^= v + 0x9E3779B97F4A7C15ull + (h << 6) + (h >> 2);
+    h *= 0xBF58476D1CE4E5B9ull;
+    h ^= h >> 31;
+  }
+  return h;
+}
+
+bool overlaps(const void* a, uint64_t an, const void* b, uint64_t bn) {
+  auto x = reinterpret_cast<uintptr_t>(a), y = reinterpret_cast<uintptr_t>(b);
+  return an && bn && x < y + bn && y < x + an;
+}
+
+}  // namespace
+
+class Executor::Op {
+ public:
+  Op(Endpoint& ep, ProcessCall c, int my_process, const CollectiveOptions& opt, std::function<void()> wake)
+      : ep_(ep), c_(std::move(c)), me_(my_process), opt_(opt), wake_(std::move(wake)), esize_(dtype_size(c_.dtype)) {
+    deadline_ns_ = mono_ns() + static_cast<int64_t>(c_.timeout_s * kNs);
+    for (int p : c_.process_of_rank)
+      if (std::find(procs_.begin(), procs_.end(), p) == procs_.end()) procs_.push_back(p);
+    mi_ = static_cast<int>(std::find(procs_.begin(), procs_.end(), me_) - procs_.begin());
+  }
+
+  // Posts what can be posted; returns true when the op already finished.
+  bool start() {
+    try {
+      plan();
+    } catch (const Error& e) {
+      return finish(&e);
+    }
+    return step();
+  }
+
+  // Folds what arrived, posts follow-ups; returns true when finished (done has run).
+  bool step() {
+    if (finished_) return true;
+    for (auto& m : msgs_)
+      if (m.req && m.req->finished() && m.req->failed()) {
+        Error e(m.req->error_cause(), m.peer_process, describe() + ": " + m.req->error_message());
+        return finish(&e);
+      }
+    bool progress = true;
+    while (progress) {
+      progress = false;
+      for (auto& pc : pieces_) progress |= fold(pc);
+    }
+    bool all_done = std::all_of(pieces_.begin(), pieces_.end(), [](const Piece& p) { return p.done; }) &&
+                    std::all_of(msgs_.begin(), msgs_.end(), [](const Msg& m) { return m.req && m.req->finished(); });
+    if (all_done) {
+      for (auto& cp : final_copies_) std::memmove(cp.dst, cp.src, cp.bytes);
+      return finish(nullptr);
+    }
+    if (mono_ns() > deadline_ns_) {
+      std::set<int> waiting;
+      for (auto& m : msgs_)
+        if (m.req && !m.req->finished()) waiting.insert(m.peer_process);
+      std::string who;
+      for (int p : waiting) who += (who.empty() ? "" : ", ") + std::to_string(p);
+      Error e(Cause::kTimeout, waiting.size() == 1 ? *waiting.begin() : -1,
+              describe() + " did not complete within " + std::to_string(c_.timeout_s) +
+                  " s; still waiting on process(es) " + who +
+                  " (did every process run the same collectives with the same shapes?)");
+      return finish(&e);
+    }
+    return false;
+  }
+
+  int64_t deadline_ns() const { return deadline_ns_; }
+  void abort(const Error& e) { finish(&e); }
+
+ private:
+  struct Msg {
+    std::shared_ptr<Request> req;
+    int peer_process;
+  };
+  struct Copy {
+    void* dst;
+    const void* src;
+    uint64_t bytes;
+  };
+  // One reduction unit: contributions in canonical order (local pointer, or a receive).
+  struct Piece {
+    uint64_t elems = 0;
+    std::vector<const void*> src;
+    std::vector<int> msg;          // message index per contribution, -1 when local
+    uint8_t* acc = nullptr;        // accumulator (may be dest when dest aliases no source)
+    void* dest = nullptr;
+    size_t next = 0;
+    bool done = false;
+    std::vector<std::pair<int, uint64_t>> then_send;   // (peer process, tag) of dest when done
+  };
+
+  std::string describe() const {
+    return std::string(kind_name(c_.kind)) + (c_.what.empty() ? "" : " (" + c_.what + ")") + " of " +
+           std::to_string(c_.count) + " " + dtype_name(c_.dtype) + " on process " + std::to_string(me_);
+  }
+
+  bool finish(const Error* e) {
+    if (finished_) return true;
+    finished_ = true;
+    if (e)
+      for (auto& m : msgs_)
+        if (m.req && !m.req->finished()) ep_.cancel(m.req, Cause::kTimeout, "collective abandoned: " + std::string(e->what()));
+    if (c_.done) c_.done(e);
+    return true;
+  }
+
+  int send(int peer, uint64_t tag, const void* p, uint64_t bytes) {
+    msgs_.push_back({ep_.post_send(peer, tag, p, bytes, wake_), peer});
+    return static_cast<int>(msgs_.size()) - 1;
+  }
+  int recv(int peer, uint64_t tag, void* p, uint64_t bytes) {
+    msgs_.push_back({ep_.post_recv(peer, tag, p, bytes, wake_), peer});
+    return static_cast<int>(msgs_.size()) - 1;
+  }
+  uint8_t* temp(uint64_t bytes) {
+    temps_.emplace_back(bytes);
+    return temps_.back().data();
+  }
+  uint8_t* at(const void* base, uint64_t elems) const {
+    return static_cast<uint8_t*>(const_cast<void*>(base)) + elems * esize_;
+  }
+  int local_index(int rank) const {
+    return static_cast<int>(std::find(c_.my_ranks.begin(), c_.my_ranks.end(), rank) - c_.my_ranks.begin());
+  }
+
+  bool fold(Piece& p) {
+    if (p.done) return false;
+    bool moved = false;
+    const uint64_t bytes = p.elems * esize_;
+    while (p.next < p.src.size()) {
+      int mi = p.msg[p.next];
+      if (mi >= 0 && !msgs_[mi].req->finished()) break;
+      if (p.next == 0)
+        std::memcpy(p.acc, p.src[0], bytes);
+      else
+        reduce_into(c_.dtype, c_.op, p.acc, p.src[p.next], p.elems);
+      p.next++;
+      moved = true;
+    }
+    if (p.next < p.src.size()) return moved;
+    if (p.acc != p.dest) std::memcpy(p.dest, p.acc, bytes);
+    p.done = true;
+    for (auto& [peer, tag] : p.then_send) send(peer, tag, p.dest, bytes);
+    return true;
+  }
+
+  // The local pre-reduction S = x_l0 (op) x_l1 ... over this process's ranks, in rank order.
+  const uint8_t* local_sum(uint64_t elems, bool must_copy) {
+    if (c_.my_ranks.size() == 1 && !must_copy) return static_cast<const uint8_t*>(c_.in[0]);
+    uint8_t* s = temp(elems * esize_);
+    std::memcpy(s, c_.in[0], elems * esize_);
+    for (size_t i = 1; i < c_.in.size(); i++) reduce_into(c_.dtype, c_.op, s, c_.in[i], elems);
+    return s;
+  }
+
+  // Adds pieces that reduce segment [off, off+n) of every process's S at `owner`, into dest;
+  // after each piece, `after(piece_offset, piece_elems)` may name follow-up sends.
+  void reduce_segment(uint64_t phase, uint64_t seg_id, int owner_idx, const uint8_t* S, uint64_t off, uint64_t n,
+                      void* dest, bool gather_after) {
+    const int P = static_cast<int>(procs_.size());
+    const uint64_t piece = std::max<uint64_t>(1, opt_.piece_bytes / esize_);
+    const int owner = procs_[owner_idx];
+    for (uint64_t po = 0, k = 0; po < n; po += piece, k++) {
+      uint64_t pn = std::min(piece, n - po);
+      uint64_t tag = mix_tag(c_.tag, phase, seg_id, 0, k);
+      if (owner != me_) {
+        send(owner, tag, at(S, off + po), pn * esize_);
+        if (gather_after) recv(owner, mix_tag(c_.tag, phase + 1, seg_id, 0, k), at(dest, po), pn * esize_);
+        continue;
+      }
+      Piece pc;
+      pc.elems = pn;
+      pc.dest = at(dest, po);
+      uint8_t* rbuf = P > 1 ? temp(static_cast<uint64_t>(P - 1) * pn * esize_) : nullptr;
+      int slot = 0;
+      for (int qi = 0; qi < P; qi++) {
+        if (procs_[qi] == me_) {
+          pc.src.push_back(at(S, off + po));
+          pc.msg.push_back(-1);
+        } else {
+          uint8_t* b = rbuf + static_cast<uint64_t>(slot++) * pn * esize_;
+          pc.msg.push_back(recv(procs_[qi], tag, b, pn * esize_));
+          pc.src.push_back(b);
+        }
+      }
+      bool dest_is_source = overlaps(pc.dest, pn * esize_, at(S, off + po), pn * esize_);
+      pc.acc = dest_is_source ? temp(pn * esize_) : static_cast<uint8_t*>(pc.dest);
+      if (gather_after)
+        for (int q : procs_)
+          if (q != me_) pc.then_send.push_back({q, mix_tag(c_.tag, phase + 1, seg_id, 0, k)});
+      pieces_.push_back(std::move(pc));
+    }
+  }
+
+  void copy_out_to_other_locals(uint64_t out_elems) {
+    for (size_t i = 1; i < c_.out.size(); i++) final_copies_.push_back({c_.out[i], c_.out[0], out_elems * esize_});
+  }
+
+  void plan() {
+    const int n = static_cast<int>(c_.process_of_rank.size());
+    const int P = static_cast<int>(procs_.size());
+    const uint64_t N = c_.count;
+    switch (c_.kind) {
+      case Kind::kAllReduce: {
+        // Inputs that alias outputs must be copied: other shards' results land in out[0].
+        bool alias = false;
+        for (size_t i = 0; i < c_.in.size(); i++)
+          for (size_t j = 0; j < c_.out.size(); j++) alias |= overlaps(c_.in[i], N * esize_, c_.out[j], N * esize_);
+        const uint8_t* S = local_sum(N, alias && P > 1);
+        if (P == 1 || N * esize_ <= opt_.small_bytes) {
+          // One step: every process gets every S_p and folds them in canonical order.
+          reduce_segment_all(S, N);
+        } else {
+          for (int qi = 0; qi < P; qi++) {
+            uint64_t a = N * static_cast<uint64_t>(qi) / P, b = N * static_cast<uint64_t>(qi + 1) / P;
+            reduce_segment(1, static_cast<uint64_t>(qi), qi, S, a, b - a, at(c_.out[0], a), true);
+          }
+        }
+        copy_out_to_other_locals(N);
+        break;
+      }
+      case Kind::kReduceScatter: {
+        const uint64_t shard = N / static_cast<uint64_t>(n);
+        const uint8_t* S = local_sum(N, false);
+        for (int r = 0; r < n; r++) {
+          int owner = c_.process_of_rank[r];
+          int oi = static_cast<int>(std::find(procs_.begin(), procs_.end(), owner) - procs_.begin());
+          void* dest = owner == me_ ? c_.out[local_index(r)] : nullptr;
+          reduce_segment(3, static_cast<uint64_t>(r), oi, S, shard * static_cast<uint64_t>(r), shard, dest, false);
+        }
+        break;
+      }
+      case Kind::kAllGather: {
+        const uint64_t bytes = N * esize_;
+        for (size_t i = 0; i < c_.my_ranks.size(); i++) {
+          int r = c_.my_ranks[i];
+          final_copies_.push_back({at(c_.out[0], N * static_cast<uint64_t>(r)), c_.in[i], bytes});
+          for (int q : procs_)
+            if (q != me_) send(q, mix_tag(c_.tag, 5, static_cast<uint64_t>(r), 0, 0), c_.in[i], bytes);
+        }
+        for (int r = 0; r < n; r++)
+          if (c_.process_of_rank[r] != me_)
+            recv(c_.process_of_rank[r], mix_tag(c_.tag, 5, static_cast<uint64_t>(r), 0, 0),
+                 at(c_.out[0], N * static_cast<uint64_t>(r)), bytes);
+        // out[0] is complete only after the local copies: order them before the fan-out.
+        for (size_t i = 1; i < c_.out.size(); i++) final_copies_.push_back({c_.out[i], c_.out[0], N * n * esize_});
+        break;
+      }
+      case Kind::kAllToAll: {
+        const uint64_t chunk = N / static_cast<uint64_t>(n);
+        const uint64_t bytes = chunk * esize_;
+        for (size_t i = 0; i < c_.my_ranks.size(); i++) {
+          int r = c_.my_ranks[i];
+          for (int j = 0; j < n; j++) {
+            const uint8_t* src = at(c_.in[i], chunk * static_cast<uint64_t>(j));
+            if (c_.process_of_rank[j] == me_)
+              final_copies_.push_back({at(c_.out[local_index(j)], chunk * static_cast<uint64_t>(r)), src, bytes});
+            else
+              send(c_.process_of_rank[j], mix_tag(c_.tag, 6, static_cast<uint64_t>(r), static_cast<uint64_t>(j), 0), src,
+                   bytes);
+          }
+        }
+        for (int r = 0; r < n; r++) {
+          if (c_.process_of_rank[r] == me_) continue;
+          for (size_t i = 0; i < c_.my_ranks.size(); i++) {
+            int j = c_.my_ranks[i];
+            recv(c_.process_of_rank[r], mix_tag(c_.tag, 6, static_cast<uint64_t>(r), static_cast<uint64_t>(j), 0),
+                 at(c_.out[i], chunk * static_cast<uint64_t>(r)), bytes);
+          }
+        }
+        break;
+      }
+      case Kind::kBroadcast: {
+        const uint64_t bytes = N * esize_;
+        int root_proc = c_.process_of_rank[c_.root];
+        uint64_t tag = mix_tag(c_.tag, 7, 0, 0, 0);
+        if (root_proc == me_) {
+          const void* src = c_.in[local_index(c_.root)];
+          for (int q : procs_)
+            if (q != me_) send(q, tag, src, bytes);
+          for (size_t i = 0; i < c_.out.size(); i++)
+            if (c_.out[i] != src) final_copies_.push_back({c_.out[i], src, bytes});
+        } else {
+          recv(root_proc, tag, c_.out[0], bytes);
+          copy_out_to_other_locals(N);
+        }
+        break;
+      }
+    }
+  }
+
+  // Small all-reduce: every process sends S_p to every other, all fold the same sequence.
+  void reduce_segment_all(const uint8_t* S, uint64_t N) {
+    const int P = static_cast<int>(procs_.size());
+    Piece pc;
+    pc.elems = N;
+    pc.dest = c_.out[0];
+    uint64_t tag = mix_tag(c_.tag, 9, 0, 0, 0);
+    for (int q : procs_)
+      if (q != me_) send(q, tag, S, N * esize_);
+    uint8_t* rbuf = P > 1 ? temp(static_cast<uint64_t>(P - 1) * N * esize_) : nullptr;
+    int slot = 0;
+    for (int qi = 0; qi < P; qi++) {
+      if (procs_[qi] == me_) {
+        pc.src.push_back(S);
+        pc.msg.push_back(-1);
+      } else {
+        uint8_t* b = rbuf + static_cast<uint64_t>(slot++) * N * esize_;
+        pc.msg.push_back(recv(procs_[qi], tag, b, N * esize_));
+        pc.src.push_back(b);
+      }
+    }
+    bool dest_is_source = overlaps(pc.dest, N * esize_, S, N * esize_);
+    pc.acc = dest_is_source ? temp(N * esize_) : static_cast<uint8_t*>(pc.dest);
+    pieces_.push_back(std::move(pc));
+  }
+
+  Endpoint& ep_;
+  ProcessCall c_;
+  int me_;
+  CollectiveOptions opt_;
+  std::function<void()> wake_;
+  size_t esize_;
+  std::vector<int> procs_;   // processes of the group in canonical order
+  int mi_ = 0;
+  int64_t deadline_ns_ = 0;
+  bool finished_ = false;
+  std::vector<Msg> msgs_;
+  std::vector<Piece> pieces_;
+  std::vector<Copy> final_copies_;
+  std::deque<std::vector<uint8_t>> temps_;
+};
+
+Executor::Executor(Endpoint& ep, int my_process, CollectiveOptions opt)
+    : ep_(ep), my_process_(my_process), opt_(opt) {
+  thread_ = std::thread([this] { loop(); });
+}
+
+Executor::~Executor() { close(); }
+
+void Executor::close() {
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    if (stop_) return;
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void Executor::submit(ProcessCall call) {
+  std::string bad = validate(call, my_process_);
+  if (!bad.empty()) {
+    Error e(Cause::kInvalidArgument, -1, std::string(kind_name(call.kind)) + ": " + bad);
+    if (call.done) call.done(&e);
+    return;
+  }
+  auto op = std::make_unique<Op>(ep_, std::move(call), my_process_, opt_, [this] {
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      wake_ = true;
+    }
+    cv_.notify_one();
+  });
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    if (stop_) throw Error(Cause::kClosed, -1, "the collective executor is closed");
+    incoming_.push_back(std::move(op));
+    wake_ = true;
+  }
+  cv_.notify_one();
+}
+
+void Executor::run(ProcessCall call) {
+  auto result = std::make_shared<std::promise<void>>();
+  auto fut = result->get_future();
+  double limit = call.timeout_s + 30;
+  call.done = [result](const Error* e) {
+    if (e)
+      result->set_exception(std::make_exception_ptr(*e));
+    else
+      result->set_value();
+  };
+  submit(std::move(call));
+  if (fut.wait_for(std::chrono::duration<double>(limit)) != std::future_status::ready)
+    throw Error(Cause::kTimeout, -1, "collective executor did not answer");
+  fut.get();
+}
+
+void Executor::loop() {
+  std::vector<std::unique_ptr<Op>> active, fresh;
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> lk(mu_);
+      int64_t next = mono_ns() + 100 * 1000000LL;
+      for (auto& op : active) next = std::min(next, op->deadline_ns());
+      cv_.wait_for(lk, std::chrono::nanoseconds(std::max<int64_t>(0, next - mono_ns())),
+                   [this] { return wake_ || stop_; });
+      if (stop_) break;
+      wake_ = false;
+      while (!incoming_.empty()) {
+        fresh.push_back(std::move(incoming_.front()));
+        incoming_.pop_front();
+      }
+    }
+    // Outside the lock: a finished call's callback may submit the next one.
+    for (auto& op : fresh)
+      if (!op->start()) active.push_back(std::move(op));
+    fresh.clear();
+    for (size_t i = 0; i < active.size();) {
+      if (active[i]->step()) {
+        active.erase(active.begin() + static_cast<long>(i));
+      } else {
+        i++;
+      }
+    }
+  }
+  Error closed(Cause::kClosed, -1, "the collective executor was closed with this collective in flight");
+  for (auto& op : active) op->abort(closed);
+  std::lock_guard<std::mutex> g(mu_);
+  for (auto& op : incoming_) op->abort(closed);
+  incoming_.clear();
+}
+
+}  // namespace r2ccl::coll

@@ -1,0 +1,90 @@
+// Collective algorithms over the multi-rail channels: one process's part of an all-reduce,
+// reduce-scatter, all-gather, all-to-all or broadcast among the ranks (devices) of a group,
+// driven by an executor thread as non-blocking state machines, so that any number of
+// collectives can be in flight in any order on each process without deadlock.
+// Knows nothing of sockets, rails or JAX: it posts messages on an Endpoint.
+//
+// Canonical reduction order (bit-exactness): the group's ranks are ordered by their index;
+// processes are ordered by their first rank. Each element's result is
+//   (((S_p0 (op) S_p1) (op) S_p2) ...)   with   S_p = ((x_l0 (op) x_l1) (op) x_l2) ...
+// over the ranks l0 < l1 < ... that process p holds. The order depends only on the group's
+// membership and placement, never on faults, rail weights or timing.
+#pragma once
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "base/error.h"
+#include "coll/reduce.h"
+#include "core/endpoint.h"
+
+namespace r2ccl::coll {
+
+enum class Kind : int { kAllReduce = 0, kReduceScatter, kAllGather, kAllToAll, kBroadcast };
+const char* kind_name(Kind k);
+
+// One process's part of one collective.
+struct ProcessCall {
+  Kind kind = Kind::kAllReduce;
+  DType dtype = DType::kF32;
+  ReduceOp op = ReduceOp::kSum;
+  int root = 0;                          // broadcast: the rank whose input everyone gets
+  uint64_t tag = 0;                      // unique per collective instance, equal on every process
+  std::vector<int> process_of_rank;      // the group, in rank order: each rank's process
+  std::vector<int> my_ranks;             // the ranks this process holds, increasing
+  std::vector<const void*> in;           // per entry of my_ranks
+  std::vector<void*> out;                // per entry of my_ranks
+  uint64_t count = 0;                    // elements of each rank's input
+  double timeout_s = 30.0;
+  std::string what;                      // for error messages, e.g. "psum over ('data',)"
+  // Runs once, on the executor thread, when the call finished (error null) or failed.
+  std::function<void(const Error*)> done;
+};
+
+// Elements of each rank's output for a collective over n ranks with `count` input elements.
+uint64_t output_count(Kind k, uint64_t count, int n_ranks);
+// Checks a call's shape before it runs; returns a sentence, or empty when it is valid.
+std::string validate(const ProcessCall& c, int my_process);
+
+struct CollectiveOptions {
+  uint64_t piece_bytes = 1 << 20;        // pipelining unit of large reductions
+  uint64_t small_bytes = 64 << 10;       // at or below: one-step exchange (latency)
+};
+
+class Executor {
+ public:
+  Executor(Endpoint& ep, int my_process, CollectiveOptions opt = {});
+  ~Executor();
+  Executor(const Executor&) = delete;
+  Executor& operator=(const Executor&) = delete;
+
+  // Starts a call; `done` runs later on the executor thread. Invalid calls fail at once.
+  void submit(ProcessCall call);
+  // Runs a call and waits for it (for tests and benchmarks); throws Error.
+  void run(ProcessCall call);
+  int my_process() const { return my_process_; }
+  void close();
+
+  class Op;
+
+ private:
+  void loop();
+
+  Endpoint& ep_;
+  int my_process_;
+  CollectiveOptions opt_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool wake_ = false;
+  bool stop_ = false;
+  std::deque<std::unique_ptr<Op>> incoming_;
+  std::thread thread_;
+};
+
+}  // namespace r2ccl::coll

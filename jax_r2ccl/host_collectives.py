@@ -1,0 +1,73 @@
+"""Collectives over numpy buffers, one process's part at a time: the same executor and
+algorithms the JAX custom calls use (csrc/coll/), callable without JAX for tests and
+benchmarks. A group is given as the process of each rank, in rank order; a process passes
+one buffer per rank it holds. Every process must issue the same collectives in the same
+order (each call's messages are tagged by its position in that order)."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Sequence
+
+import numpy as np
+
+from . import _core
+from .errors import R2cclError
+from .transport import Endpoint
+
+KINDS = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast")
+OPS = ("sum", "prod", "min", "max")
+DTYPES = ("float32", "float64", "float16", "bfloat16", "int8", "uint8", "int32", "uint32", "int64", "uint64",
+          "bool")
+
+
+def output_count(kind: str, count: int, n_ranks: int) -> int:
+    if kind == "reduce_scatter":
+        return count // n_ranks
+    if kind == "all_gather":
+        return count * n_ranks
+    return count
+
+
+class HostCollectives:
+    """Process-level collectives over an Endpoint (whose rank is this process's id)."""
+
+    def __init__(self, endpoint: Endpoint, name: str = "host"):
+        self._ep = endpoint
+        self._ex = _core.Collectives(endpoint._ep, endpoint.rank)
+        self._name = name
+        self._calls = 0
+
+    def _tag(self) -> int:
+        self._calls += 1
+        digest = hashlib.blake2b(f"{self._name}/{self._calls}".encode(), digest_size=8).digest()
+        return int.from_bytes(digest, "little")
+
+    def run(self, kind: str, inputs: Sequence[np.ndarray], *, process_of_rank: Sequence[int],
+            my_ranks: Sequence[int], op: str = "sum", root: int = 0, timeout: float | None = None,
+            outputs: Sequence[np.ndarray] | None = None) -> list[np.ndarray]:
+        if kind not in KINDS:
+            raise R2cclError(f"unknown collective {kind!r}; one of {', '.join(KINDS)}")
+        if op not in OPS:
+            raise R2cclError(f"unknown reduction {op!r}; one of {', '.join(OPS)}")
+        inputs = [np.ascontiguousarray(a) for a in inputs]
+        if not inputs:
+            raise R2cclError("no input buffers (one per local rank is needed)")
+        dtype = inputs[0].dtype
+        if dtype.name not in DTYPES:
+            raise R2cclError(f"dtype {dtype.name} is not supported; supported: {', '.join(DTYPES)}")
+        if any(a.dtype != dtype or a.size != inputs[0].size for a in inputs):
+            raise R2cclError("every local input must have the same dtype and size")
+        count = int(inputs[0].size)
+        n = len(process_of_rank)
+        if outputs is None:
+            outputs = [np.empty(output_count(kind, count, n), dtype) for _ in inputs]
+        flat_in = [a.reshape(-1).view(np.uint8) for a in inputs]
+        flat_out = [o.reshape(-1).view(np.uint8) for o in outputs]
+        self._ex.run(kind, dtype.name, op, int(root), self._tag(), list(map(int, process_of_rank)),
+                     list(map(int, my_ranks)), flat_in, flat_out, count,
+                     float(self._ep.config.timeout_s if timeout is None else timeout), kind)
+        return list(outputs)
+
+    def close(self) -> None:
+        self._ex.close()
