@@ -11,6 +11,8 @@
 #include "base/error.h"
 #include "base/log.h"
 #include "coll/collectives.h"
+#include "coll/runtime.h"
+#include "ffi/handlers.h"
 #include "core/digest.h"
 #include "core/endpoint.h"
 #include "core/wire.h"
@@ -234,6 +236,28 @@ NB_MODULE(_core, m) {
         nb::gil_scoped_release nogil;
         ex.close();
       });
+
+  // The JAX side: FFI handler capsules and the process's collective runtime.
+  m.def("ffi_targets", [] {
+    nb::dict d;
+    d["r2ccl_collective"] = nb::capsule(r2ccl::ffi::collective_cpu_handler());
+    return d;
+  });
+  m.def(
+      "runtime_install",
+      [](Endpoint& ep, coll::Executor& ex, int my_process, double timeout_s) {
+        coll::Runtime::install(std::make_shared<coll::Runtime>(ep, ex, my_process, timeout_s));
+      },
+      nb::arg("endpoint"), nb::arg("executor"), nb::arg("my_process"), nb::arg("timeout_s"));
+  m.def("runtime_uninstall", [] { coll::Runtime::install(nullptr); });
+  m.def(
+      "register_comm",
+      [](uint64_t comm_id, const std::vector<std::vector<int>>& groups, const std::string& name) {
+        auto rt = coll::Runtime::current();
+        if (!rt) throw Error(Cause::kInvalidArgument, -1, "jax_r2ccl.initialize() has not been called");
+        rt->register_comm(comm_id, groups, name);
+      },
+      nb::arg("comm_id"), nb::arg("groups"), nb::arg("name"));
 
   m.def("unix_time", &unix_time_s);
 

@@ -1,0 +1,73 @@
+// The process's collective runtime: communicators (groups of ranks and where they live) and
+// the rendezvous that turns the calls of this process's local ranks (one per device, each
+// on its own thread, in any order) into one process-level call, matched across processes
+// by (communicator, group, run, op, k-th execution) — never by arrival order.
+// Knows nothing of sockets or JAX.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "coll/collectives.h"
+
+namespace r2ccl::coll {
+
+// One local rank's part of one collective (what a custom call hands over).
+struct DeviceCall {
+  uint64_t comm_id = 0;
+  int64_t group = 0;       // which group of the communicator (index over the other mesh axes)
+  int64_t rank = 0;        // rank within the group (axis index)
+  uint64_t run_id = 0;     // one execution of a compiled program (equal on every process)
+  uint64_t op_id = 0;      // the collective's position in the program
+  Kind kind = Kind::kAllReduce;
+  DType dtype = DType::kF32;
+  ReduceOp op = ReduceOp::kSum;
+  int root = 0;
+  const void* in = nullptr;
+  void* out = nullptr;
+  uint64_t count = 0;      // input elements
+  std::function<void(const Error*)> done;
+};
+
+class Runtime {
+ public:
+  Runtime(Endpoint& ep, Executor& ex, int my_process, double timeout_s);
+
+  // The process-wide runtime the custom calls use (null before jax_r2ccl.initialize()).
+  static std::shared_ptr<Runtime> current();
+  static void install(std::shared_ptr<Runtime> rt);
+
+  // groups[g][r] = the process of rank r of group g. Registering the same id again with the
+  // same layout is a no-op; with another layout it is an error.
+  void register_comm(uint64_t comm_id, std::vector<std::vector<int>> groups, std::string name);
+  void device_call(DeviceCall call);
+  int my_process() const { return my_process_; }
+
+ private:
+  struct Comm {
+    std::vector<std::vector<int>> groups;
+    std::string name;
+  };
+  struct Pending {
+    std::vector<DeviceCall> calls;
+  };
+  using Key = std::tuple<uint64_t, int64_t, uint64_t, uint64_t, uint64_t>;   // comm, group, run, op, k
+
+  Endpoint& ep_;
+  Executor& ex_;
+  int my_process_;
+  double timeout_s_;
+  std::mutex mu_;
+  std::map<uint64_t, Comm> comms_;
+  std::map<Key, Pending> pending_;
+  // k-th execution of (comm, group, rank, op) within a run; runs are forgotten oldest first.
+  std::map<uint64_t, std::map<std::tuple<uint64_t, int64_t, int64_t, uint64_t>, uint64_t>> counts_;
+  std::vector<uint64_t> run_order_;
+};
+
+}  // namespace r2ccl::coll
