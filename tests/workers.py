@@ -429,14 +429,26 @@ def host_collective(ep, rank, world, cases, local=1, fault=None, rate=None):
     return {"bad": bad, "stats": stats}
 
 
-def host_mismatch(ep, rank, world):
-    """Processes disagree about a collective's size: a clear error on every process, no hang."""
+def host_mismatch(ep, rank, world, what):
+    """Processes disagree about a collective: a clear error on every process, no hang, and
+    the next collective works."""
     from jax_r2ccl.host_collectives import HostCollectives
     hc = HostCollectives(ep)
-    n = 1000 if rank == 0 else 2000
+    n, dt, op = 1000, np.float32, "sum"
+    if rank == 1:
+        if what == "size":
+            n = 2000
+        elif what == "dtype":
+            dt = np.int32
+        elif what == "op":
+            op = "max"
+    out = {}
     try:
-        hc.run("all_reduce", [np.ones(n, np.float32)], process_of_rank=list(range(world)), my_ranks=[rank],
+        hc.run("all_reduce", [np.ones(n, dt)], process_of_rank=list(range(world)), my_ranks=[rank], op=op,
                timeout=5.0)
-        return {"error": None}
+        out["error"] = None
     except R2cclError as e:
-        return {"error": str(e), "cause": e.cause}
+        out.update(error=str(e), cause=e.cause)
+    res = hc.run("all_reduce", [np.full(10, rank + 1, np.int64)], process_of_rank=list(range(world)), my_ranks=[rank])
+    out["after"] = res[0].tolist()
+    return out

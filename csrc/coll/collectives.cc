@@ -5,6 +5,7 @@
 #include "coll/collectives.h"
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstring>
 #include <future>
@@ -112,6 +113,7 @@ class Executor::Op {
   // Folds what arrived, posts follow-ups; returns true when finished (done has run).
   bool step() {
     if (finished_) return true;
+    if (!signatures_agree()) return true;   // the clearest account of a disagreement comes first
     for (auto& m : msgs_)
       if (m.req && m.req->finished() && m.req->failed()) {
         Error e(m.req->error_cause(), m.peer_process, describe() + ": " + m.req->error_message());
@@ -275,7 +277,59 @@ class Executor::Op {
     for (size_t i = 1; i < c_.out.size(); i++) final_copies_.push_back({c_.out[i], c_.out[0], out_elems * esize_});
   }
 
+  // What this process believes the collective is; every peer in the group sends its own and
+  // a difference (dtype, op, size, root, group) fails the call on every process with both
+  // versions named. Equal-sized mismatches (float32 vs int32) would otherwise go unseen.
+  std::array<uint64_t, 4> signature() const {
+    uint64_t group_hash = 0xCBF29CE484222325ull;
+    for (int p : c_.process_of_rank) group_hash = (group_hash ^ static_cast<uint64_t>(p)) * 0x100000001B3ull;
+    return {static_cast<uint64_t>(c_.kind) | static_cast<uint64_t>(c_.dtype) << 8 | static_cast<uint64_t>(c_.op) << 16,
+            c_.count, static_cast<uint64_t>(c_.root), group_hash};
+  }
+
+  static std::string describe_signature(const std::array<uint64_t, 4>& s) {
+    auto kind = static_cast<Kind>(s[0] & 0xff);
+    auto dtype = static_cast<DType>((s[0] >> 8) & 0xff);
+    auto op = static_cast<ReduceOp>((s[0] >> 16) & 0xff);
+    if ((s[0] & 0xff) > 4 || ((s[0] >> 8) & 0xff) > 10 || ((s[0] >> 16) & 0xff) > 3) return "an unknown collective";
+    return std::string(kind_name(kind)) + " of " + std::to_string(s[1]) + " " + dtype_name(dtype) + " (" +
+           reduce_op_name(op) + ", root " + std::to_string(s[2]) + ")";
+  }
+
+  void exchange_signatures() {
+    my_sig_ = signature();
+    if (procs_.size() < 2) return;
+    uint64_t tag = mix_tag(c_.tag, 0, 0, 0, 0);
+    peer_sigs_.resize(procs_.size() - 1);
+    size_t slot = 0;
+    for (int q : procs_) {
+      if (q == me_) continue;
+      send(q, tag, my_sig_.data(), sizeof my_sig_);
+      sig_msgs_.push_back({recv(q, tag, peer_sigs_[slot].data(), sizeof my_sig_), q});
+      slot++;
+    }
+  }
+
+  // Returns false (after failing the call) when a peer's signature differs.
+  bool signatures_agree() {
+    for (size_t i = 0; i < sig_msgs_.size(); i++) {
+      auto [mi, q] = sig_msgs_[i];
+      if (!msgs_[mi].req->finished() || msgs_[mi].req->failed()) continue;
+      if (peer_sigs_[i] != my_sig_) {
+        Error e(Cause::kMismatch, q,
+                "process " + std::to_string(q) + " called " + describe_signature(peer_sigs_[i]) + " but process " +
+                    std::to_string(me_) + " called " + describe_signature(my_sig_) +
+                    (peer_sigs_[i][3] != my_sig_[3] ? " over a different group" : "") +
+                    (c_.what.empty() ? "" : " [" + c_.what + "]"));
+        finish(&e);
+        return false;
+      }
+    }
+    return true;
+  }
+
   void plan() {
+    exchange_signatures();
     const int n = static_cast<int>(c_.process_of_rank.size());
     const int P = static_cast<int>(procs_.size());
     const uint64_t N = c_.count;
@@ -408,6 +462,9 @@ class Executor::Op {
   std::vector<Piece> pieces_;
   std::vector<Copy> final_copies_;
   std::deque<std::vector<uint8_t>> temps_;
+  std::array<uint64_t, 4> my_sig_{};
+  std::vector<std::array<uint64_t, 4>> peer_sigs_;
+  std::vector<std::pair<int, int>> sig_msgs_;   // (message index, peer process)
 };
 
 Executor::Executor(Endpoint& ep, int my_process, CollectiveOptions opt)
