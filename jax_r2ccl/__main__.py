@@ -15,6 +15,12 @@ def _bench_p2p(args: argparse.Namespace) -> int:
     return p2p.main(args)
 
 
+def _bench_collective(args: argparse.Namespace) -> int:
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    from .bench import collective
+    return collective.main(args)
+
+
 def _settings(args: argparse.Namespace) -> int:
     from .config import settings_table
     print(settings_table(), end="")
@@ -33,6 +39,13 @@ def build_parser() -> argparse.ArgumentParser:
                              description=p2p.__doc__)
     p2p.add_args(p)
     p.set_defaults(handler=_bench_p2p)
+
+    from .bench import collective
+    for name in collective.OPS:
+        c = bench_sub.add_parser(name, help=f"{name} bandwidth through the JAX custom calls (nccl-tests table)",
+                                 description=collective.__doc__)
+        collective.add_args(c)
+        c.set_defaults(handler=_bench_collective)
 
     sub.add_parser("demo", help="the fault-tolerance demo (arguments go to jax_r2ccl.demo)",
                    add_help=False)

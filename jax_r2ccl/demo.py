@@ -1,17 +1,18 @@
-"""`python -m jax_r2ccl demo`: the transport demo. Two local processes whose four rails are
-loopback addresses; rank 0 streams a buffer to rank 1, one rail is taken down mid-transfer
-and healed later; per-rail progress is printed; the result is checked byte for byte.
-Exit status 0 only when every byte arrived intact."""
+"""`python -m jax_r2ccl demo`: the main demo. N local processes (default 2 × 2 CPU devices)
+whose four rails are loopback addresses train a small MLP data-parallel with
+jax_r2ccl.pmean inside shard_map under jit. The run is done twice from the same start:
+fault-free, then with a rail taken down mid-run (and healed later). Per-step loss and rail
+status are printed; the demo ends by checking that the two loss curves are bit-identical
+and exits non-zero if they are not. `--transport` runs the transport-only demo instead."""
 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import os
+import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 
 NICS = "127.0.0.1,127.0.0.2,127.0.0.3,127.0.0.4"
@@ -19,118 +20,150 @@ NICS = "127.0.0.1,127.0.0.2,127.0.0.3,127.0.0.4"
 
 def _parse(argv):
     p = argparse.ArgumentParser(prog="python -m jax_r2ccl demo", description=__doc__)
-    p.add_argument("--mib", type=int, default=256, help="bytes to send, in MiB (default 256)")
-    p.add_argument("--rail-rate", type=float, default=40.0,
-                   help="software cap per rail in MB/s, so the transfer lasts long enough to watch "
-                        "(default 40; loopback itself moves GB/s)")
-    p.add_argument("--fail-rail", type=int, default=2, help="rail taken down mid-transfer (default 2)")
-    p.add_argument("--fail-at", type=float, default=0.35, help="fraction of the transfer at which it fails")
-    p.add_argument("--heal-at", type=float, default=0.7, help="fraction at which it is healed (failback)")
-    p.add_argument("--fault", default="close", choices=["close", "stall"],
-                   help="close: the connection dies; stall: it black-holes silently")
-    p.add_argument("--rank", type=int, help=argparse.SUPPRESS)
-    p.add_argument("--kv", help=argparse.SUPPRESS)
+    p.add_argument("--processes", type=int, default=2, help="local processes (default 2)")
+    p.add_argument("--devices", type=int, default=2, help="CPU devices per process (default 2)")
+    p.add_argument("--steps", type=int, default=300, help="training steps per run (default 300)")
+    p.add_argument("--width", type=int, default=256, help="hidden width of the MLP (default 256)")
+    p.add_argument("--fail-rail", type=int, default=2, help="rail taken down (default 2)")
+    p.add_argument("--fail-step", type=int, default=None, help="step at which it fails (default steps/3)")
+    p.add_argument("--heal-step", type=int, default=None, help="step at which it heals (default 2*steps/3)")
+    p.add_argument("--rail-rate", type=float, default=50.0,
+                   help="software cap per rail in MB/s so a step's all-reduce is in flight long enough "
+                        "for the failure to land inside it (default 50)")
+    p.add_argument("--process-id", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--coordinator", help=argparse.SUPPRESS)
+    p.add_argument("--out", help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
 
-def _pattern(nbytes: int):
+def _free_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def _worker(a) -> int:
+    os.environ["JAX_PLATFORMS"] = "cpu"
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
+                               f" --xla_force_host_platform_device_count={a.devices}").strip()
+    import jax
+    import jax.numpy as jnp
     import numpy as np
-    return np.random.default_rng(2512_25059).integers(0, 256, nbytes, dtype=np.uint8)
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+    import jax_r2ccl
+    from jax_r2ccl.config import Config
 
-def _rank_main(a) -> int:
-    import numpy as np
-    from . import bootstrap
-    from .config import Config
-    from .errors import R2cclError
+    jax.distributed.initialize(coordinator_address=a.coordinator, num_processes=a.processes,
+                               process_id=a.process_id)
+    ep = jax_r2ccl.initialize(nics=os.environ.get("R2CCL_NICS", NICS).split(","),
+                              config=Config.from_env(timeout_s=30.0))
+    me = a.process_id
+    peers = [p for p in range(a.processes) if p != me]
+    mesh = Mesh(np.array(jax.devices()), ("data",))
+    n_dev = len(jax.devices())
 
-    cfg = Config.from_env(nics=os.environ.get("R2CCL_NICS", NICS), timeout_s=20.0, bootstrap_timeout_s=60.0)
-    ep = bootstrap.connect(bootstrap.FileStore(a.kv), a.rank, 2, config=cfg)
-    nbytes = a.mib << 20
-    try:
-        if a.rank == 1:
-            out = np.empty(nbytes, np.uint8)
-            ep.recv(0, out, tag=1, timeout=120)
-            ref = _pattern(nbytes)
-            exact = bool(np.array_equal(out, ref))
-            print(f"[rank 1] received {nbytes} bytes, sha256 {hashlib.sha256(out).hexdigest()[:16]}, "
-                  f"reference {hashlib.sha256(ref).hexdigest()[:16]}: {'BIT-EXACT' if exact else 'MISMATCH'}",
-                  flush=True)
-            ep.send(0, np.array([exact], np.uint8), tag=2)
-            return 0 if exact else 1
-        data = _pattern(nbytes)
-        rails = ep.rail_stats(1)
-        for s in rails:
-            ep.inject(1, s["rail"], "rate", a.rail_rate * 1e6)
-        print(f"[rank 0] sending {a.mib} MiB to rank 1 over {len(rails)} rails "
-              f"({', '.join(s['local_addr'] for s in rails)}), each capped at {a.rail_rate:g} MB/s", flush=True)
-        print(f"[rank 0] rail {a.fail_rail} goes down ({a.fault}) at {a.fail_at:.0%} and is healed at "
-              f"{a.heal_at:.0%}", flush=True)
-        header = "  time  " + "".join(f"  rail{s['rail']} MB/state " for s in rails) + "   total"
-        print(header, flush=True)
+    def init_params(key, width):
+        k1, k2, k3 = jax.random.split(key, 3)
+        return {"w1": jax.random.normal(k1, (32, width)) * 0.1, "b1": jnp.zeros(width),
+                "w2": jax.random.normal(k2, (width, width)) * 0.1, "b2": jnp.zeros(width),
+                "w3": jax.random.normal(k3, (width, 1)) * 0.1}
+
+    def loss_fn(params, x, y):
+        h = jnp.tanh(x @ params["w1"] + params["b1"])
+        h = jnp.tanh(h @ params["w2"] + params["b2"])
+        return jnp.mean((h @ params["w3"] - y) ** 2)
+
+    def local_step(params, x, y):
+        loss, grads = jax.value_and_grad(loss_fn)(params, x, y)
+        grads = jax_r2ccl.pmean(grads, "data")       # the all-reduce that must survive a NIC failure
+        loss = jax_r2ccl.pmean(loss, "data")
+        params = jax.tree.map(lambda p, g: p - 0.05 * g, params, grads)
+        return params, loss
+
+    step = jax.jit(jax.shard_map(local_step, mesh=mesh, in_specs=(P(), P("data"), P("data")),
+                                 out_specs=(P(), P())))
+    rng = np.random.default_rng(0)
+    batch = 64 * n_dev
+    X = rng.standard_normal((batch, 32)).astype(np.float32)
+    Y = np.sin(X[:, :1] * 2).astype(np.float32)
+    xs = jax.make_array_from_callback(X.shape, NamedSharding(mesh, P("data")), lambda i: X[i])
+    ys = jax.make_array_from_callback(Y.shape, NamedSharding(mesh, P("data")), lambda i: Y[i])
+    fail_step = a.fail_step if a.fail_step is not None else a.steps // 3
+    heal_step = a.heal_step if a.heal_step is not None else 2 * a.steps // 3
+    n_params = sum(int(np.prod(v.shape)) for v in init_params(jax.random.key(0), a.width).values())
+    if me == 0:
+        print(f"[demo] {a.processes} processes x {a.devices} CPU devices, MLP with {n_params} parameters "
+              f"({n_params * 4 / 1e6:.2f} MB of gradients all-reduced per step over 4 loopback rails, "
+              f"each capped at {a.rail_rate:g} MB/s)", flush=True)
+    for p in peers:
+        for s in ep.rail_stats(p):
+            ep.inject(p, s["rail"], "rate", a.rail_rate * 1e6)
+    curves = {}
+    for run in ("fault-free", "with failure"):
+        params = jax.device_put(init_params(jax.random.key(0), a.width), NamedSharding(mesh, P()))
+        losses = []
         t0 = time.monotonic()
-        req = ep.isend(1, data, tag=1)
-        events = []
-        failed = healed = False
-        while not req.done():
-            st = ep.rail_stats(1)
-            sent = sum(s["acked_bytes"] for s in st)
-            frac = sent / nbytes
-            if not failed and frac >= a.fail_at:
-                ep.inject(1, a.fail_rail, a.fault)
-                failed = True
-                events.append(f"t={time.monotonic() - t0:.2f}s rail {a.fail_rail} {a.fault}d by the demo")
-            elif failed and not healed and frac >= a.heal_at:
-                ep.inject(1, a.fail_rail, "rate", a.rail_rate * 1e6)   # heal: back to its cap
-                healed = True
-                events.append(f"t={time.monotonic() - t0:.2f}s rail {a.fail_rail} healed by the demo")
-            cells = "".join(f"  {s['acked_bytes'] / 1e6:7.1f} {s['state']:>5s}   " for s in st)
-            print(f"{time.monotonic() - t0:6.2f}s{cells}  {sent / 1e6:7.1f}", flush=True)
-            time.sleep(0.1)
-        try:
-            req.wait(60)
-        except R2cclError as e:
-            print(f"[rank 0] transfer failed: {e}", flush=True)
-            return 1
-        el = time.monotonic() - t0
-        st = ep.rail_stats(1)
-        print(f"[rank 0] sent {a.mib} MiB in {el:.2f} s ({nbytes / el / 1e6:.1f} MB/s)", flush=True)
-        for e in events:
-            print(f"[rank 0] {e}", flush=True)
+        for i in range(a.steps):
+            faulty = run == "with failure" and me == 0 and peers
+            if faulty and i == fail_step:
+                ep.inject(peers[0], a.fail_rail, "close")
+                print(f"[demo] step {i}: rail {a.fail_rail} to process {peers[0]} taken DOWN", flush=True)
+            if faulty and i == heal_step:
+                ep.inject(peers[0], a.fail_rail, "rate", a.rail_rate * 1e6)
+                print(f"[demo] step {i}: rail {a.fail_rail} healed", flush=True)
+            params, loss = step(params, xs, ys)
+            losses.append(np.asarray(loss).item())
+            if me == 0 and (i % 50 == 0 or i == a.steps - 1 or (run == "with failure" and i in (fail_step, heal_step))):
+                rails = " ".join(f"r{s['rail']}:{s['state']}" for s in ep.rail_stats(peers[0])) if peers else ""
+                print(f"[demo] {run:>12s} step {i:4d} loss {losses[-1]:.7f}  rails to process "
+                      f"{peers[0] if peers else '-'}: {rails}", flush=True)
+        curves[run] = np.array(losses, np.float32)
+        if me == 0:
+            print(f"[demo] {run}: {a.steps} steps in {time.monotonic() - t0:.1f} s, final loss "
+                  f"{losses[-1]:.7f}", flush=True)
+    identical = curves["fault-free"].tobytes() == curves["with failure"].tobytes()
+    if me == 0:
+        st = ep.rail_stats(peers[0]) if peers else []
         for s in st:
-            print(f"[rank 0] rail {s['rail']} ({s['local_addr']}): {s['acked_bytes'] / 1e6:.1f} MB, "
-                  f"failures {s['failures']}, recoveries {s['recoveries']}, re-sent chunks carried "
-                  f"{s['retransmitted_chunks']}, state {s['state']}"
-                  + (f", last error: {s['last_error']}" if s["last_error"] else ""), flush=True)
-        verdict = np.zeros(1, np.uint8)
-        ep.recv(1, verdict, tag=2, timeout=120)
-        return 0 if verdict[0] else 1
-    finally:
-        ep.close()
+            print(f"[demo] rail {s['rail']} ({s['local_addr']}): failures {s['failures']}, recoveries "
+                  f"{s['recoveries']}, chunks re-sent for others {s['retransmitted_chunks']}", flush=True)
+        first = None if identical else int(np.nonzero(curves["fault-free"] != curves["with failure"])[0][0])
+        print(f"[demo] loss curves {'BIT-IDENTICAL' if identical else f'DIFFER (first at step {first})'} "
+              f"over {a.steps} steps", flush=True)
+    jax_r2ccl.shutdown()
+    jax.distributed.shutdown()
+    return 0 if identical else 1
 
 
 def main(argv=None) -> int:
-    a = _parse(sys.argv[1:] if argv is None else argv)
-    if a.rank is not None:
-        return _rank_main(a)
-    with tempfile.TemporaryDirectory(prefix="r2ccl-demo-") as kv:
-        env = dict(os.environ)
-        env.setdefault("JAX_PLATFORMS", "cpu")
-        base = [sys.executable, "-m", "jax_r2ccl", "demo", "--kv", kv] + (argv if argv is not None else sys.argv[1:])
-        procs = [subprocess.Popen(base + ["--rank", str(r)], env=env) for r in range(2)]
-        deadline = time.monotonic() + 300
-        codes = []
-        for p in procs:
-            try:
-                codes.append(p.wait(timeout=max(1.0, deadline - time.monotonic())))
-            except subprocess.TimeoutExpired:
-                for q in procs:
-                    if q.poll() is None:
-                        q.kill()
-                print("demo: timed out after 300 s", file=sys.stderr)
-                return 1
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--transport" in argv:
+        argv.remove("--transport")
+        from . import demo_transport
+        return demo_transport.main(argv)
+    a = _parse(argv)
+    if a.process_id is not None:
+        return _worker(a)
+    coordinator = f"127.0.0.1:{_free_port()}"
+    env = dict(os.environ)
+    procs = [subprocess.Popen([sys.executable, "-m", "jax_r2ccl", "demo", *argv, "--process-id", str(i),
+                               "--coordinator", coordinator], env=env) for i in range(a.processes)]
+    deadline = time.monotonic() + 600
+    codes = []
+    for p in procs:
+        try:
+            codes.append(p.wait(timeout=max(1.0, deadline - time.monotonic())))
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                if q.poll() is None:
+                    q.kill()
+            print("demo: timed out after 600 s", file=sys.stderr)
+            return 1
     ok = all(c == 0 for c in codes)
-    print("demo: PASS (bit-exact through a rail failure)" if ok else f"demo: FAIL (exit codes {codes})")
+    print("demo: PASS (loss curve bit-identical through a rail failure)" if ok else f"demo: FAIL (exit codes {codes})")
     return 0 if ok else 1
 
 

@@ -57,12 +57,20 @@ struct FloatBits;
 template <>
 struct FloatBits<float> {
   using U = uint32_t;
-  static constexpr U kQuiet = 0x00400000u;
+  static constexpr U kSign = 0x80000000u;
+  static constexpr U kExp = 0x7F800000u;
+  static constexpr U kFrac = 0x007FFFFFu;
+  static constexpr int kFracBits = 23;
+  static constexpr int kBias = 127;
 };
 template <>
 struct FloatBits<double> {
   using U = uint64_t;
-  static constexpr U kQuiet = 0x0008000000000000ull;
+  static constexpr U kSign = 0x8000000000000000ull;
+  static constexpr U kExp = 0x7FF0000000000000ull;
+  static constexpr U kFrac = 0x000FFFFFFFFFFFFFull;
+  static constexpr int kFracBits = 52;
+  static constexpr int kBias = 1023;
 };
 
 // ---- float16 / bfloat16 <-> float32 ------------------------------------------------------
@@ -129,28 +137,96 @@ inline uint16_t f32_to_bf16(float f) {
 
 // ---- per-element operations --------------------------------------------------------------
 
-// Floats.
+// Floats, with XLA CPU's flush of subnormals (see the top of the file): operands are read
+// with subnormals as zero (DAZ) and a result whose exact value is below the smallest normal in
+// magnitude becomes a zero of its sign (FTZ, tininess judged before rounding).
+
+// Set false to get plain IEEE gradual underflow instead (what XLA on GPU computes by default).
+constexpr bool kFlushDenormals = true;
+
+// A subnormal becomes the zero of its sign; everything else is unchanged.
+template <class F>
+inline F flush(F x) {
+  using B = FloatBits<F>;
+  using U = typename B::U;
+  if constexpr (!kFlushDenormals) return x;
+  const U u = bit_cast<U>(x);
+  return bit_cast<F>(((u & B::kExp) == 0) ? (u & B::kSign) : u);
+}
+
+// A sum of two normal (or zero) floats is a multiple of the smallest subnormal, so when it is
+// tiny it is exact: flushing the rounded sum when it is subnormal is flushing on the exact sum.
 template <class F>
 struct FSum {
-  static F apply(F a, F b) { return a + b; }
+  static F apply(F a, F b) { return flush(flush(a) + flush(b)); }
 };
+
+// A product can round up to the smallest normal from just below it; x86 flushes it then
+// (measured: every exact product in (MIN - ulp/2, MIN) gives 0 in XLA), so the exact product
+// decides. float32: the product in double is exact and decides, branch-free.
 template <class F>
-struct FProd {
-  static F apply(F a, F b) { return a * b; }
+struct FProd;
+template <>
+struct FProd<float> {
+  static float apply(float a, float b) {
+    a = flush(a);
+    b = flush(b);
+    const float r = a * b;
+    if constexpr (!kFlushDenormals) return r;
+    const double p = static_cast<double>(a) * static_cast<double>(b);  // exact: 24 + 24 bits
+    const double kMin = static_cast<double>(FLT_MIN);
+    const bool tiny = p < kMin && p > -kMin;  // false for NaN
+    const uint32_t u = bit_cast<uint32_t>(r);
+    return bit_cast<float>(tiny ? (u & 0x80000000u) : u);
+  }
 };
-// max/min: IEEE 754-2019 maximum/minimum with the left NaN winning, written branch-free on the
-// bit patterns so the float32 loops vectorise (maxps/minps plus masks; float64 stays scalar on
-// baseline x86-64, which lacks 64-bit vector compares, and is still near memory speed).
+// float64: flush a subnormal result; a result of exactly +-DBL_MIN (rare) is checked against
+// the exact product of the 53-bit significands.
+inline bool exact_product_below_min(double a, double b) {
+  using B = FloatBits<double>;
+  const uint64_t ua = bit_cast<uint64_t>(a), ub = bit_cast<uint64_t>(b);
+  // Both are normal here (a zero, inf or NaN operand cannot give +-DBL_MIN).
+  const uint64_t ma = (ua & B::kFrac) | (B::kFrac + 1), mb = (ub & B::kFrac) | (B::kFrac + 1);
+  const int ea = static_cast<int>((ua & B::kExp) >> B::kFracBits) - B::kBias - B::kFracBits;
+  const int eb = static_cast<int>((ub & B::kExp) >> B::kFracBits) - B::kBias - B::kFracBits;
+  // |a b| = ma mb 2^(ea+eb) < 2^(1-bias)  <=>  ma mb < 2^k
+  const int k = 1 - B::kBias - ea - eb;
+  if (k <= 0) return false;
+  if (k >= 128) return true;
+  __extension__ using u128 = unsigned __int128;
+  return static_cast<u128>(ma) * mb < (static_cast<u128>(1) << k);
+}
+template <>
+struct FProd<double> {
+  static double apply(double a, double b) {
+    a = flush(a);
+    b = flush(b);
+    const double r = a * b;
+    if constexpr (!kFlushDenormals) return r;
+    const double m = r < 0 ? -r : r;
+    if (__builtin_expect(m == DBL_MIN, 0) && exact_product_below_min(a, b)) {
+      return bit_cast<double>(bit_cast<uint64_t>(r) & FloatBits<double>::kSign);
+    }
+    return flush(r);
+  }
+};
+
+// max/min: IEEE 754-2019 maximum/minimum (after the operands' flush) with the left NaN
+// winning, bits unchanged, written branch-free on the bit patterns so the float32 loops
+// vectorise (maxps/minps plus masks; float64 stays scalar on baseline x86-64, which lacks
+// 64-bit vector compares):
 //   m1 = a > b ? a : b  (b when equal or unordered),  m2 = b > a ? b : a  (a likewise)
 //   ordered:   m1 & m2 is the larger value; for equal values it is their bits, and for
 //              {-0, +0} it is +0 (min: m1 | m2 gives -0)
 //   b NaN:     m1 is b, so m1 & (m2 | all-ones) = b
 //   a NaN:     a, overriding the above
-//   any NaN:   the quiet bit set, as the hardware does
+// The result is one of the (flushed) operands, so it needs no flush itself.
 template <class F>
 struct FMax {
   static F apply(F a, F b) {
     using U = typename FloatBits<F>::U;
+    a = flush(a);
+    b = flush(b);
     const U m1 = bit_cast<U>((a > b) ? a : b);
     const U m2 = bit_cast<U>((b > a) ? b : a);
     if constexpr (sizeof(F) == 8) {  // scalar: NaN is rare, so a predictable branch is cheaper
@@ -158,15 +234,16 @@ struct FMax {
     }
     const U na = (a != a) ? ~U(0) : U(0);
     const U nb = (b != b) ? ~U(0) : U(0);
-    U r = m1 & (m2 | nb);
-    r = (r & ~na) | (bit_cast<U>(a) & na);
-    return bit_cast<F>(r | (FloatBits<F>::kQuiet & (na | nb)));
+    const U r = m1 & (m2 | nb);
+    return bit_cast<F>((r & ~na) | (bit_cast<U>(a) & na));
   }
 };
 template <class F>
 struct FMin {
   static F apply(F a, F b) {
     using U = typename FloatBits<F>::U;
+    a = flush(a);
+    b = flush(b);
     const U m1 = bit_cast<U>((a < b) ? a : b);
     const U m2 = bit_cast<U>((b < a) ? b : a);
     if constexpr (sizeof(F) == 8) {
@@ -174,9 +251,8 @@ struct FMin {
     }
     const U na = (a != a) ? ~U(0) : U(0);
     const U nb = (b != b) ? ~U(0) : U(0);
-    U r = m1 | (m2 & ~nb);
-    r = (r & ~na) | (bit_cast<U>(a) & na);
-    return bit_cast<F>(r | (FloatBits<F>::kQuiet & (na | nb)));
+    const U r = m1 | (m2 & ~nb);
+    return bit_cast<F>((r & ~na) | (bit_cast<U>(a) & na));
   }
 };
 

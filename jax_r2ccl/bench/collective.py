@@ -1,0 +1,172 @@
+"""`python -m jax_r2ccl bench allreduce|allgather|reducescatter|alltoall`: collective
+bandwidth through the JAX custom calls (jax_r2ccl.psum and friends inside shard_map under
+jit), one process per host, every element of every iteration checked; with `--baseline
+jax` the same sizes through jax.lax's own collectives (gloo on CPU) in the same run, rows
+side by side. Table and busbw as in nccl-tests: busbw = algbw × 2(n-1)/n for all-reduce,
+× (n-1)/n for the others (n = number of ranks)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import numpy as np
+
+from .common import Column, Dist, FaultTrigger, add_common_args, format_size, format_table, median, write_json
+
+OPS = {
+    "allreduce": ("psum", lambda n: 2 * (n - 1) / n),
+    "allgather": ("all_gather", lambda n: (n - 1) / n),
+    "reducescatter": ("psum_scatter", lambda n: (n - 1) / n),
+    "alltoall": ("all_to_all", lambda n: (n - 1) / n),
+}
+
+
+def add_args(p: argparse.ArgumentParser) -> None:
+    add_common_args(p, default_sizes="8B,4KiB,1MiB,16MiB,64MiB")
+    p.add_argument("--baseline", choices=("jax", "none"), default="none",
+                   help="also run jax.lax's own collective on the same sizes (rows side by side)")
+    p.add_argument("--dtype", default="float32", help="element type (default float32)")
+    p.add_argument("--fault-at", type=float, default=None, metavar="S",
+                   help="process 0 runs --fault-cmd this long after the largest size's timed loop starts")
+    p.add_argument("--fault-cmd", default=None, metavar="CMD", help="shell command for --fault-at")
+
+
+def _rank_pattern(count: int, rank: int, dtype) -> np.ndarray:
+    # Small integers: sums over a few ranks are exact in every float type, so a wrong
+    # element is a real error, and the check is exact.
+    return ((np.arange(count, dtype=np.int64) * 7 + 3 * rank + 1) % 13).astype(dtype)
+
+
+def _expected(op: str, count: int, n: int, dtype) -> list[np.ndarray]:
+    parts = [_rank_pattern(count, r, dtype) for r in range(n)]
+    if op == "allreduce":
+        total = parts[0].copy()
+        for p in parts[1:]:
+            total = total + p
+        return [total.astype(dtype)] * n
+    if op == "allgather":
+        return [np.concatenate(parts)] * n
+    if op == "reducescatter":
+        total = parts[0].copy()
+        for p in parts[1:]:
+            total = total + p
+        k = count // n
+        return [total[r * k:(r + 1) * k].astype(dtype) for r in range(n)]
+    k = count // n   # alltoall
+    return [np.concatenate([parts[s][j * k:(j + 1) * k] for s in range(n)]) for j in range(n)]
+
+
+def _build(impl: str, op: str, mesh, jax, P):
+    import jax_r2ccl
+    mod = jax_r2ccl if impl == "r2ccl" else jax.lax
+    name = OPS[op][0]
+    fn = getattr(mod, name)
+    if op == "allreduce":
+        body, out_spec = (lambda a: fn(a, "x")), P()
+    elif op == "allgather":
+        body, out_spec = (lambda a: fn(a, "x", tiled=True)), P()
+    elif op == "reducescatter":
+        body, out_spec = (lambda a: fn(a, "x", scatter_dimension=0, tiled=True)), P("x")
+    else:
+        body, out_spec = (lambda a: fn(a, "x", 0, 0, tiled=True)), P("x")
+    return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("x"), out_specs=out_spec))
+
+
+def main(args: argparse.Namespace) -> int:
+    op = args.bench
+    dist = Dist(args.coordinator, args.num_processes, args.process_id, args.timeout)
+    import jax
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    import jax_r2ccl
+    from .. import _core
+    nics = args.nics.split(",") if args.nics else None
+    jax_r2ccl.initialize(nics=nics)
+    dtype = np.dtype(args.dtype) if args.dtype != "bfloat16" else __import__("ml_dtypes").bfloat16
+    devices = jax.devices()
+    n = len(devices)
+    mesh = Mesh(np.array(devices), ("x",))
+    local_ranks = [i for i, d in enumerate(devices) if d.process_index == jax.process_index()]
+    impls = ["r2ccl"] + (["jax"] if args.baseline == "jax" else [])
+    rows, iterations, fault = [], [], None
+    esize = np.dtype(dtype).itemsize
+    for size in args.sizes:
+        count = max(1, size // esize)
+        if op in ("reducescatter", "alltoall"):
+            count = max(n, count - count % n)
+        sharding = NamedSharding(mesh, P("x"))
+        local = {r: _rank_pattern(count, r, dtype) for r in local_ranks}
+        x = jax.make_array_from_callback((n * count,), sharding, lambda idx: local[idx[0].start // count])
+        want = _expected(op, count, n, dtype)
+        for impl in impls:
+            f = _build(impl, op, mesh, jax, P)
+            times, wrong = [], 0
+            last = size == args.sizes[-1] and impl == "r2ccl"
+            if last and args.fault_at is not None and args.process_id == 0:
+                fault = FaultTrigger(args.fault_at, cmd=args.fault_cmd)
+            for it in range(args.warmup + args.iters):
+                if fault and it == args.warmup:
+                    fault.arm()
+                t0 = time.perf_counter()
+                out = f(x)
+                out.block_until_ready()
+                t1 = time.perf_counter()
+                if it < args.warmup:
+                    continue
+                bad = 0
+                for shard in out.addressable_shards:
+                    r = shard.device.id if op in ("allreduce", "allgather") else None
+                    got = np.asarray(shard.data).reshape(-1)
+                    if op in ("allreduce", "allgather"):
+                        ok = np.array_equal(got, want[0])
+                    else:
+                        rank = devices.index(shard.device)
+                        ok = np.array_equal(got, want[rank])
+                    del r
+                    bad += int(not ok)
+                wrong += int(bad > 0)
+                times.append(t1 - t0)
+                iterations.append({"impl": impl, "op": op, "size_bytes": count * esize, "iter": it - args.warmup,
+                                   "t_start": time.time() - (t1 - t0), "t_end": time.time(), "wrong": int(bad > 0)})
+            med = median(times)
+            algbw = count * esize / med / 1e9
+            rows.append({"impl": impl, "op": op, "size_bytes": count * esize, "size": format_size(count * esize),
+                         "count": count, "type": np.dtype(dtype).name, "redop": "sum" if op in
+                         ("allreduce", "reducescatter") else "none", "iters": args.iters,
+                         "time_us_median": med * 1e6, "algbw_GBps": algbw, "busbw_GBps": algbw * OPS[op][1](n),
+                         "wrong": wrong})
+            if fault:
+                fault.join(60)
+    # every process's wrong counts matter: sum them
+    totals = dist.gather("wrong", [r["wrong"] for r in rows])
+    if args.process_id == 0:
+        for i, r in enumerate(rows):
+            r["wrong"] = sum(t[i] for t in totals)
+        cols = [Column("impl", "impl", align="<"), Column("size", "size"), Column("count", "count"),
+                Column("type", "type"), Column("redop", "redop"), Column("time(us)", "time_us_median", ".1f"),
+                Column("algbw(GB/s)", "algbw_GBps", ".4f"), Column("busbw(GB/s)", "busbw_GBps", ".4f"),
+                Column("#wrong", "wrong")]
+        print(f"# bench {op}: {args.num_processes} processes, {n} ranks, NICs {args.nics or 'R2CCL_NICS'}; "
+              f"iters {args.iters}, warmup {args.warmup}; time = median per call on process 0")
+        print(format_table(cols, rows))
+        if fault:
+            print(f"# fault: {fault.summary()}")
+        if args.json:
+            stats = {}
+            try:
+                ep = jax_r2ccl.runtime._state["endpoint"]
+                stats = {p: ep.rail_stats(p) for p in range(args.num_processes) if p != args.process_id}
+            except Exception:  # noqa: BLE001
+                pass
+            write_json(args.json, {"config": vars(args) | {"sizes": args.sizes}, "results": rows,
+                                   "iterations": iterations, "rail_stats": stats,
+                                   "core": getattr(_core, "__file__", "")})
+    dist.barrier("done")
+    jax_r2ccl.shutdown()
+    dist.shutdown()
+    return 1 if any(r["wrong"] for r in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(argparse.ArgumentParser().parse_args()))
