@@ -501,6 +501,12 @@ void Executor::submit(ProcessCall call) {
   {
     std::lock_guard<std::mutex> g(mu_);
     if (stop_) throw Error(Cause::kClosed, -1, "the collective executor is closed");
+  }
+  // Post the first messages from the caller's thread: one thread hop less on the latency
+  // path of small collectives. The executor thread takes over from the next completion.
+  if (op->start()) return;
+  {
+    std::lock_guard<std::mutex> g(mu_);
     incoming_.push_back(std::move(op));
     wake_ = true;
   }
@@ -539,9 +545,7 @@ void Executor::loop() {
         incoming_.pop_front();
       }
     }
-    // Outside the lock: a finished call's callback may submit the next one.
-    for (auto& op : fresh)
-      if (!op->start()) active.push_back(std::move(op));
+    for (auto& op : fresh) active.push_back(std::move(op));
     fresh.clear();
     for (size_t i = 0; i < active.size();) {
       if (active[i]->step()) {

@@ -138,8 +138,10 @@ inline uint16_t f32_to_bf16(float f) {
 // ---- per-element operations --------------------------------------------------------------
 
 // Floats, with XLA CPU's flush of subnormals (see the top of the file): operands are read
-// with subnormals as zero (DAZ) and a result whose exact value is below the smallest normal in
-// magnitude becomes a zero of its sign (FTZ, tininess judged before rounding).
+// with subnormals as zero (DAZ), and a tiny result becomes the zero of its sign (FTZ). "Tiny"
+// is x86's rule, tininess after rounding: the exact result, rounded to the type's precision
+// with an unbounded exponent, is below the smallest normal MIN in magnitude; equivalently
+// |exact| < MIN * (1 - 2^-(p+1)) for p significand bits (24 or 53).
 
 // Set false to get plain IEEE gradual underflow instead (what XLA on GPU computes by default).
 constexpr bool kFlushDenormals = true;
@@ -151,7 +153,8 @@ inline F flush(F x) {
   using U = typename B::U;
   if constexpr (!kFlushDenormals) return x;
   const U u = bit_cast<U>(x);
-  return bit_cast<F>(((u & B::kExp) == 0) ? (u & B::kSign) : u);
+  const U sub = ((u & B::kExp) == 0) ? ~B::kSign : U(0);  // zero exponent: clear all but the sign
+  return bit_cast<F>(u & ~sub);
 }
 
 // A sum of two normal (or zero) floats is a multiple of the smallest subnormal, so when it is
@@ -161,9 +164,10 @@ struct FSum {
   static F apply(F a, F b) { return flush(flush(a) + flush(b)); }
 };
 
-// A product can round up to the smallest normal from just below it; x86 flushes it then
-// (measured: every exact product in (MIN - ulp/2, MIN) gives 0 in XLA), so the exact product
-// decides. float32: the product in double is exact and decides, branch-free.
+// A product's exact value can lie just below MIN and round (IEEE, gradually) to MIN. x86 keeps
+// MIN when |exact| >= MIN (1 - 2^-(p+1)) and flushes below that (measured against XLA: exact
+// products 0.28 ulp below MIN give MIN, gradual MIN from further below gives 0), so near MIN
+// the exact product decides. float32: the product in double is exact; branch-free.
 template <class F>
 struct FProd;
 template <>
@@ -174,27 +178,27 @@ struct FProd<float> {
     const float r = a * b;
     if constexpr (!kFlushDenormals) return r;
     const double p = static_cast<double>(a) * static_cast<double>(b);  // exact: 24 + 24 bits
-    const double kMin = static_cast<double>(FLT_MIN);
-    const bool tiny = p < kMin && p > -kMin;  // false for NaN
+    const double kTiny = static_cast<double>(FLT_MIN) * (1.0 - 0x1p-25);  // exact in double
+    const bool tiny = p < kTiny && p > -kTiny;  // false for NaN
     const uint32_t u = bit_cast<uint32_t>(r);
     return bit_cast<float>(tiny ? (u & 0x80000000u) : u);
   }
 };
-// float64: flush a subnormal result; a result of exactly +-DBL_MIN (rare) is checked against
-// the exact product of the 53-bit significands.
-inline bool exact_product_below_min(double a, double b) {
+// float64: a subnormal result is tiny by either rule; a result of exactly +-DBL_MIN (rare) is
+// decided on the exact product of the 53-bit significands.
+inline bool exact_product_tiny(double a, double b) {
   using B = FloatBits<double>;
   const uint64_t ua = bit_cast<uint64_t>(a), ub = bit_cast<uint64_t>(b);
   // Both are normal here (a zero, inf or NaN operand cannot give +-DBL_MIN).
   const uint64_t ma = (ua & B::kFrac) | (B::kFrac + 1), mb = (ub & B::kFrac) | (B::kFrac + 1);
   const int ea = static_cast<int>((ua & B::kExp) >> B::kFracBits) - B::kBias - B::kFracBits;
   const int eb = static_cast<int>((ub & B::kExp) >> B::kFracBits) - B::kBias - B::kFracBits;
-  // |a b| = ma mb 2^(ea+eb) < 2^(1-bias)  <=>  ma mb < 2^k
-  const int k = 1 - B::kBias - ea - eb;
-  if (k <= 0) return false;
-  if (k >= 128) return true;
+  // |a b| = ma mb 2^(ea+eb) < DBL_MIN (1 - 2^-54) = (2^54 - 1) 2^-1076  <=>  ma mb < (2^54 - 1) 2^j
+  const int j = -1076 - ea - eb;
+  if (j < 0) return false;  // ma mb >= 2^104 > the bound
+  if (j > 73) return true;  // ma mb < 2^106 <= the bound
   __extension__ using u128 = unsigned __int128;
-  return static_cast<u128>(ma) * mb < (static_cast<u128>(1) << k);
+  return static_cast<u128>(ma) * mb < (((static_cast<u128>(1) << 54) - 1) << j);
 }
 template <>
 struct FProd<double> {
@@ -204,7 +208,7 @@ struct FProd<double> {
     const double r = a * b;
     if constexpr (!kFlushDenormals) return r;
     const double m = r < 0 ? -r : r;
-    if (__builtin_expect(m == DBL_MIN, 0) && exact_product_below_min(a, b)) {
+    if (__builtin_expect(m == DBL_MIN, 0) && exact_product_tiny(a, b)) {
       return bit_cast<double>(bit_cast<uint64_t>(r) & FloatBits<double>::kSign);
     }
     return flush(r);

@@ -1,0 +1,88 @@
+"""Every private JAX name jax_r2ccl's JAX integration uses, in one place (checked against
+jax/jaxlib 0.10.2). The collective primitives of jax.lax, their abstract evaluation and the
+MLIR lowering registry are not public API: when JAX moves, this file is the one to fix."""
+
+from __future__ import annotations
+
+from jax._src import config as _config
+from jax._src import core
+from jax._src.interpreters import ad, batching, mlir
+from jax._src.lax import parallel
+from jax._src.lib.mlir import ir
+from jax._src.lib.mlir.dialects import hlo
+from jax._src.sharding_impls import SPMDAxisContext
+
+ShapedArray = core.ShapedArray
+Primitive = core.Primitive
+typeof = core.typeof
+pvary = core.pvary
+pvary_p = core.pvary_p
+
+# jax.lax's collective primitives (the lowering swap replaces their CPU lowering).
+psum_p = parallel.psum_p
+psum_invariant_p = parallel.psum_invariant_p
+pmax_p = parallel.pmax_p
+pmin_p = parallel.pmin_p
+all_gather_p = parallel.all_gather_p
+all_gather_invariant_p = getattr(parallel, "all_gather_invariant_p", None)
+reduce_scatter_p = parallel.reduce_scatter_p
+all_to_all_p = parallel.all_to_all_p
+
+# jax.lax's typing rules, reused verbatim so that our primitives type exactly like theirs.
+allreduce_abstract_eval = parallel._allreduce_effectful_abstract_eval
+psum_invariant_abstract_eval = parallel._psum_invariant_abstract_eval
+pmin_pmax_abstract_eval = parallel._pmin_pmax_abstract_eval
+all_gather_abstract_eval = parallel._all_gather_effectful_abstract_eval
+reduce_scatter_abstract_eval = parallel._reduce_scatter_effectful_abstract_eval
+all_to_all_abstract_eval = parallel._all_to_all_effectful_abstract_eval
+insert_collective_pvary = parallel.insert_collective_pvary
+moveaxis = parallel._moveaxis
+splitaxis = parallel._splitaxis
+foldaxis = parallel._foldaxis
+
+
+def check_vma() -> bool:
+    """Whether the enclosing shard_map checks varying manual axes (check_vma=True)."""
+    return bool(_config._check_vma.value)
+
+
+def auto_pcast() -> bool:
+    return bool(_config.auto_pcast.value)
+
+
+def axis_exists(name) -> bool:
+    return core.get_axis_env().axis_exists(name)
+
+
+def axis_size(name) -> int:
+    return core.get_axis_env().axis_size(name)
+
+
+def call_primitives():
+    """The primitives whose lowering may emit a function that several call sites share
+    (jit, closed_call, call, shard_map without Shardy). See lowering.guard_shared_functions."""
+    from jax._src import pjit
+    from jax._src import shard_map
+    prims = [pjit.jit_p, core.closed_call_p, core.call_p, shard_map.shard_map_p]
+    return [p for p in prims if p is not None]
+
+
+def lowering_rule(prim, platform: str):
+    """(platform-specific entry or None, generic entry or None) of `prim`'s lowering."""
+    return mlir._platform_specific_lowerings[platform].get(prim), mlir._lowerings.get(prim)
+
+
+def set_platform_lowering(prim, platform: str, entry) -> None:
+    """Restores a platform-specific lowering entry (None removes ours)."""
+    if entry is None:
+        mlir._platform_specific_lowerings[platform].pop(prim, None)
+    else:
+        mlir._platform_specific_lowerings[platform][prim] = entry
+
+
+def is_uncacheable(prim) -> bool:
+    return prim in mlir._uncacheable_primitives
+
+
+def set_cacheable(prim) -> None:
+    mlir._uncacheable_primitives.discard(prim)
