@@ -1,8 +1,8 @@
-"""Builds and runs the standalone C++ unit tests in tests/cpp (test_wire, test_digest).
+"""Builds and runs the standalone C++ unit tests in tests/cpp (test_wire, test_digest, test_reduce).
 
 The tests are configured with -DR2CCL_CPP_TESTS=ON and built once per pytest session for each
 variant (plain, and AddressSanitizer + UBSan via -DR2CCL_SANITIZE=ON) under
-build/pytest-cpp/<variant>; only the two test targets and the core library they link are built,
+build/pytest-cpp/<variant>; only the test targets and the core library they link are built,
 not the Python extension. Warnings are errors (R2CCL_WERROR defaults ON).
 """
 
@@ -19,7 +19,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 BUILD_ROOT = ROOT / "build" / "pytest-cpp"
-TARGETS = ("test_wire", "test_digest")
+TARGETS = ("test_wire", "test_digest", "test_reduce")
 VARIANTS = {
     "plain": ["-DR2CCL_SANITIZE=OFF"],
     "sanitize": ["-DR2CCL_SANITIZE=ON"],

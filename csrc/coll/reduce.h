@@ -1,5 +1,5 @@
 // Elementwise reduction kernels for the collectives: acc (op) src over a buffer, per dtype,
-// with results bit-identical to XLA CPU's lax.add/mul/max/min on the same two operands.
+// with results bit-identical to XLA CPU's lax.add/mul/max/min (NaN payloads aside).
 // Pure computation; knows nothing of sockets, rails or JAX.
 #pragma once
 #include <cstddef>
@@ -19,19 +19,26 @@ bool parse_dtype(const std::string& name, DType* out);  // inverse of dtype_name
 
 // acc[i] = acc[i] (op) src[i] for i < count, in the element type (acc on the left).
 //
-// Semantics (checked bit for bit against XLA CPU, see reduce.cc):
-//   float32/float64: one IEEE operation in that type, round-to-nearest-even.
-//     max/min are IEEE 754-2019 maximum/minimum: NaN if either operand is NaN,
-//     and -0.0 < +0.0 (max(-0, +0) = +0, min(-0, +0) = -0 in either order).
-//   float16/bfloat16: both operands widened exactly to float32, the float32 operation,
-//     rounded back to nearest-even (overflow to inf, NaN stays NaN).
+// Semantics: those of XLA CPU's lax.add/mul/min/max on the same two operands, checked bit for
+// bit against jax (details and measurements at the top of reduce.cc):
+//   float32/float64: one IEEE operation, round to nearest even, with XLA CPU's flush of
+//     subnormals: a subnormal operand reads as a zero of its sign, a tiny result (x86's rule,
+//     tininess after rounding) becomes a zero of its sign.
+//   bfloat16: both operands widened to float32 exactly, the float32 operation as above, rounded
+//     back to nearest even (overflow to inf, NaN stays NaN). float16: the same; no flush
+//     happens there (float16 subnormals are float32 normals), so float16 subnormals survive.
+//   max/min: IEEE 754-2019 maximum/minimum: NaN if either operand is NaN (the left one's bits
+//     when it is NaN), and -0 < +0 (max(-0, +0) = +0, min(-0, +0) = -0, in either order).
 //   integers: sum and prod wrap modulo 2^bits; min/max as usual.
-//   bool (any nonzero byte is true, 0/1 written): sum = max = OR, prod = min = AND.
-// NaN payloads: when both operands are NaN the left one's is kept for min/max; for sum/prod
-// the payload is whatever the hardware gives (deterministic for one binary, not specified).
+//   bool (any nonzero byte is true, 0 or 1 written): sum = max = OR, prod = min = AND. Note:
+//     jax.lax.psum on bool promotes to int32 and counts; pmax/pmin are OR/AND.
+// NaN results are fully determined by the operands (no dependence on the code path or CPU
+// features), but their payloads are not promised to equal XLA's.
+// count == 0 touches nothing (the pointers may be null). Buffers need no alignment. A dtype
+// or op outside the enums does nothing (callers validate what they read off the wire).
 void reduce_into(DType t, ReduceOp op, void* acc, const void* src, size_t count);
 
-// out[i] = a[i] (op) b[i]; out may alias a (or b) exactly; no partial overlap.
+// out[i] = a[i] (op) b[i]; out may alias a or b (or both) exactly; no partial overlap.
 void reduce(DType t, ReduceOp op, void* out, const void* a, const void* b, size_t count);
 
 }  // namespace r2ccl::coll
