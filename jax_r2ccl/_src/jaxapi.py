@@ -86,3 +86,32 @@ def is_uncacheable(prim) -> bool:
 
 def set_cacheable(prim) -> None:
     mlir._uncacheable_primitives.discard(prim)
+
+
+# ----------------------------------------------------------------------------- the effect
+import dataclasses as _dataclasses
+
+from jax._src import effects as _effects
+
+
+@_dataclasses.dataclass(frozen=True, slots=True)
+class CollectiveEffect(_effects.Effect):
+    """Carried by every jax_r2ccl collective so that JAX never removes one whose result is
+    unused: every process of the group must join, or its peers wait for it. Unordered (like
+    the effect of a side-effecting jax.ffi.ffi_call), allowed in control flow, custom
+    derivatives and remat."""
+
+    def __str__(self):
+        return "R2cclCollective"
+
+
+COLLECTIVE_EFFECT = CollectiveEffect()
+for _s in (_effects.lowerable_effects, _effects.control_flow_allowed_effects,
+           _effects.custom_derivatives_allowed_effects, _effects.remat_allowed_effects):
+    _s.add_type(CollectiveEffect)
+
+
+def with_collective_effect(result):
+    """(aval, effects) of a jax.lax abstract evaluation, plus the collective effect."""
+    out, effs = result
+    return out, set(effs) | {COLLECTIVE_EFFECT}

@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# bench/testbed_collectives.sh - `python -m jax_r2ccl bench allreduce|allgather|reducescatter|
+# alltoall` on the netns test bed (2 hosts x 4 NICs at 500mbit), jax_r2ccl beside jax.lax's
+# own collectives (gloo) in the same run; then an all-reduce loop with a NIC failing mid-way.
+# Always tears the bed down.
+#
+#   sudo bench/testbed_collectives.sh                  # everything; results in bench-results/coll-<time>/
+#   OPS="allreduce" RUNS="healthy" bench/testbed_collectives.sh
+# Env: RATE (500mbit), ITERS (10), SIZES, PORT (29600), OUT, TB, PYTHON, R2CCL_* (passed through).
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+TB=${TB:-$(cd "$ROOT/../shared/testbed" 2>/dev/null && pwd || echo /work/shared/testbed)}
+RATE=${RATE:-500mbit}
+ITERS=${ITERS:-10}
+SIZES=${SIZES:-8B,4KiB,1MiB,16MiB,64MiB}
+PORT=${PORT:-29600}
+PYTHON=${PYTHON:-python3}
+OPS=${OPS:-allreduce allgather reducescatter alltoall}
+RUNS=${RUNS:-healthy fail}
+OUT=${OUT:-$ROOT/bench-results/coll-$(date +%Y%m%d-%H%M%S)}
+NICS=nic0,nic1,nic2,nic3
+NETNS="$TB/netns.sh"
+NSRUN="$TB/nsrun.sh"
+
+[[ $EUID -eq 0 ]] || { echo "testbed_collectives: must run as root (network namespaces)" >&2; exit 2; }
+mkdir -p "$OUT"
+cd "$ROOT"
+cleanup() { bash "$NETNS" down >/dev/null 2>&1 || true; }
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+echo "== test bed: 2 hosts x 4 NICs at $RATE; results in $OUT"
+bash "$NETNS" up 2 4 "$RATE"
+
+status=0
+run_no=0
+# run NAME OP TIMEOUT_S ARGS... : process 1 on r2h1 in the background, process 0 on r2h0 in front.
+run() {
+  local name=$1 op=$2 t=$3; shift 3
+  local port=$((PORT + run_no)); run_no=$((run_no + 1))
+  local common=(--coordinator "198.18.0.1:$port" --num-processes 2 --nics "$NICS")
+  echo
+  echo "== $name: python -m jax_r2ccl bench $op ${common[*]} $*"
+  timeout -k 5 "$t" bash "$NSRUN" r2h1 "$PYTHON" -m jax_r2ccl bench "$op" "${common[@]}" --process-id 1 "$@" \
+    > "$OUT/$name.rank1.log" 2>&1 &
+  local bg=$! rc0=0 rc1=0
+  timeout -k 5 "$t" bash "$NSRUN" r2h0 "$PYTHON" -m jax_r2ccl bench "$op" "${common[@]}" --process-id 0 \
+    --json "$OUT/$name.json" "$@" > "$OUT/$name.rank0.log" 2>&1 || rc0=$?
+  wait "$bg" || rc1=$?
+  grep -E '^#|^  ' "$OUT/$name.rank0.log" || true
+  grep -h '^\[r2ccl' "$OUT/$name.rank0.log" "$OUT/$name.rank1.log" | sort -k3,3n | head -20 || true
+  echo "== $name: exit codes rank0=$rc0 rank1=$rc1"
+  if (( rc0 != 0 || rc1 != 0 )); then status=1; tail -5 "$OUT/$name.rank1.log"; fi
+}
+
+for r in $RUNS; do
+  case "$r" in
+    healthy)
+      for op in $OPS; do
+        run "$op" "$op" 900 --sizes "$SIZES" --iters "$ITERS" --warmup 2 --baseline jax --timeout 120
+      done ;;
+    fail)       # host 1's nic2 down 0.3 s into the 64 MiB all-reduce loop, healed 1.5 s later
+      run allreduce-fail allreduce 300 --sizes 64MiB --iters "$ITERS" --warmup 1 --timeout 120 \
+        --fault-at 0.3 --fault-cmd "bash $NETNS fail 1 2; sleep 1.5; bash $NETNS heal 1 2"
+      bash "$NETNS" heal 1 2 >/dev/null ;;
+    *) echo "testbed_collectives: unknown run '$r'" >&2; status=2 ;;
+  esac
+done
+echo
+echo "== results in $OUT (exit $status)"
+exit $status

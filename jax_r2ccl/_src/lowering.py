@@ -1,0 +1,290 @@
+"""The one lowering of every jax_r2ccl collective (and of jax.lax's, under the swap): the
+communicator of the mesh axes, this device's (group, rank) and a per-module op id, then
+the flat "r2ccl_collective" FFI custom call with the data movement around it in HLO.
+
+Communicator. In a shard_map the mesh is concrete (`ctx.module_context.axis_context` is an
+SPMDAxisContext with `.mesh`). The devices are arranged as (other mesh axes..., reduced
+axes...) and reshaped to (G, n): row g is group g, column r is rank r (= jax.lax.axis_index
+of the reduced axes, in the order the user named them; the group index runs over the other
+axes in mesh order). groups[g][r] is that device's process index; the communicator id is a
+hash of the device ids in that layout and the axes, so every process derives the same id.
+
+Group and rank of the running device are not operands of the primitive: the lowering
+computes them from `partition_id` through two constant tables (flat mesh position -> group,
+rank), exactly as jax's own axis_index lowering does with division and remainder. Keeping
+the primitives single-operand lets them carry jax.lax's own AD and vmap rules unchanged, and
+the lowering swap needs the same thing anyway (jax.lax's primitives have only `x`).
+
+Op id. Collectives are matched across processes by (comm, group, run id, op id, k-th
+execution), so the op id must be equal on every process for the same op and distinct among
+the collectives of one compiled module. It is a counter kept in the module's
+`cached_primitive_lowerings` dict (one dict per module, shared by every sub-context
+`ModuleContext.replace` makes): lowering visits a jaxpr in the same order on every process,
+so the n-th collective lowered gets op id n everywhere. Two things could give two call sites
+one op id, and both are prevented:
+  * MLIR's per-equation lowering cache (identical equations lowered once, called twice): our
+    primitives and the swapped jax.lax ones are registered with cacheable=False;
+  * functions shared by call sites (a nested jax.jit called twice, closed_call, shard_map
+    without Shardy): `guard_shared_functions` wraps those lowerings; when r2ccl collectives
+    were lowered inside, the functions just cached are forgotten, so the next call site
+    lowers its own copy with fresh op ids. Independent call sites may run concurrently and
+    in a different order on each process, so sharing an op id would mix their data.
+Loop bodies (scan, fori_loop, while) are lowered once and run their iterations in order: the
+k-th execution counter of the runtime tells the iterations apart.
+
+Unused results. Every process of a group must join a collective, so none may be dropped: the
+custom call is emitted with has_side_effect=True (XLA neither deletes nor merges it) and our
+primitives carry jaxapi.CollectiveEffect (JAX's DCE keeps them; jax.lax's collectives carry
+only NamedAxisEffect, which DCE ignores, so an unused jax.lax.psum disappears on every
+process alike).
+
+Matching by run id assumes every process runs the same compiled program: XLA's RunId differs
+between processes whose programs differ in any way (even outside the collectives), and such
+collectives then never meet and fail at R2CCL_TIMEOUT. jax.lax's gloo collectives do not
+have this restriction.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+
+import numpy as np
+
+from .. import runtime
+from ..errors import R2cclError
+from . import jaxapi
+from .jaxapi import hlo, ir, mlir
+
+KIND = {"all_reduce": 0, "reduce_scatter": 1, "all_gather": 2, "all_to_all": 3, "broadcast": 4}
+REDUCE = {"sum": 0, "prod": 1, "min": 2, "max": 3}
+SUPPORTED_DTYPES = frozenset(np.dtype(d) for d in (
+    "float32", "float64", "float16", "int8", "uint8", "int32", "uint32", "int64", "uint64", "bool"))
+_OPID_KEY = ("jax_r2ccl", "op_id_counter")
+
+
+def _supported(dtype) -> bool:
+    dt = np.dtype(dtype)
+    return dt in SUPPORTED_DTYPES or dt.name == "bfloat16"
+
+
+def check_dtype(dtype, what: str) -> None:
+    """Trace-time dtype check (the custom call would only fail at run time)."""
+    if not _supported(dtype):
+        raise R2cclError(f"{what}: dtype {np.dtype(dtype).name} is not supported by jax_r2ccl (supported: float32, "
+                         f"float64, float16, bfloat16, int8, uint8, int32, uint32, int64, uint64, bool)")
+
+
+def as_axes(axis_name) -> tuple:
+    return tuple(axis_name) if isinstance(axis_name, (tuple, list)) else (axis_name,)
+
+
+# ----------------------------------------------------------------------------- op ids
+
+def _counter(ctx) -> list:
+    d = ctx.module_context.cached_primitive_lowerings
+    c = d.get(_OPID_KEY)
+    if c is None:
+        c = d[_OPID_KEY] = [0]
+    return c
+
+
+def next_op_id(ctx) -> int:
+    c = _counter(ctx)
+    c[0] += 1
+    return c[0]
+
+
+def guard_shared_functions(rule):
+    """Wraps the lowering of a call-like primitive (see the module docstring)."""
+    @functools.wraps(rule)
+    def guarded(ctx, *args, **params):
+        d = ctx.module_context.cached_primitive_lowerings
+        c = _counter(ctx)
+        n0, len0 = c[0], len(d)
+        out = rule(ctx, *args, **params)
+        if c[0] != n0:   # r2ccl collectives were lowered inside: forget what was cached meanwhile
+            for k in list(itertools.islice(d.keys(), len0, None)):
+                if k != _OPID_KEY:
+                    del d[k]
+        return out
+    guarded.r2ccl_guard = True
+    return guarded
+
+
+def install_guards() -> None:
+    for prim in jaxapi.call_primitives():
+        specific, generic = jaxapi.lowering_rule(prim, "cpu")
+        entry = specific or generic
+        if entry is None or getattr(entry.rule, "r2ccl_guard", False):
+            continue
+        # A platform-specific rule for "cpu" takes precedence over the generic one.
+        mlir.register_lowering(prim, guard_shared_functions(entry.rule), platform="cpu", inline=entry.inline,
+                               cacheable=not jaxapi.is_uncacheable(prim))
+
+
+# ----------------------------------------------------------------------------- communicators
+
+class Comm:
+    """A communicator over `axes` of a concrete mesh, and this mesh's lookup tables."""
+
+    def __init__(self, mesh, axes):
+        names = tuple(mesh.axis_names)
+        devs = np.asarray(mesh.devices)
+        others = [a for a in names if a not in axes]
+        perm = [names.index(a) for a in others] + [names.index(a) for a in axes]
+        self.n = int(np.prod([mesh.shape[a] for a in axes], dtype=np.int64))
+        self.G = devs.size // self.n
+        arranged = devs.transpose(perm).reshape(self.G, self.n)
+        pos = np.arange(devs.size).reshape(devs.shape).transpose(perm).reshape(self.G, self.n)
+        self.group_of = np.empty(devs.size, np.int32)
+        self.rank_of = np.empty(devs.size, np.int32)
+        for g in range(self.G):
+            for r in range(self.n):
+                self.group_of[pos[g, r]] = g
+                self.rank_of[pos[g, r]] = r
+        self.groups = [[int(d.process_index) for d in row] for row in arranged]
+        self.name = "/".join(map(str, axes)) + " of mesh " + ",".join(f"{a}={mesh.shape[a]}" for a in names)
+        self.key = ("r2ccl-comm|" + ",".join(map(str, axes)) + "|" + ",".join(f"{a}={mesh.shape[a]}" for a in names)
+                    + "|" + ",".join(str(d.id) for d in arranged.flat))
+
+    def register(self) -> int:
+        return runtime.register_groups(self.groups, self.name, self.key)
+
+
+@functools.lru_cache(maxsize=256)
+def _comm(mesh, axes) -> Comm:
+    return Comm(mesh, axes)
+
+
+def communicator(ctx, axes, what: str) -> Comm:
+    axis_ctx = ctx.module_context.axis_context
+    if not isinstance(axis_ctx, jaxapi.SPMDAxisContext):
+        raise R2cclError(f"{what} over {axes}: jax_r2ccl collectives run inside jax.shard_map (this is a "
+                         f"{type(axis_ctx).__name__}; pmap is not supported)")
+    mesh = axis_ctx.mesh
+    if not hasattr(mesh, "devices"):
+        raise R2cclError(f"{what}: the shard_map mesh is abstract; jax_r2ccl needs a concrete jax.sharding.Mesh "
+                         f"(pass mesh= to shard_map or use jax.set_mesh)")
+    names = tuple(mesh.axis_names)
+    for a in axes:
+        if a not in names:
+            raise R2cclError(f"{what}: axis {a!r} is not an axis of the mesh {names}")
+    if frozenset(axis_ctx.manual_axes) != frozenset(names):
+        raise NotImplementedError(
+            f"{what}: jax_r2ccl collectives need a fully manual shard_map (all mesh axes {names} manual); "
+            f"this one is manual over {sorted(map(str, axis_ctx.manual_axes))} only")
+    return _comm(mesh, tuple(axes))
+
+
+# ----------------------------------------------------------------------------- HLO helpers
+
+def _ttype(shape, dtype):
+    return ir.RankedTensorType.get(list(shape), mlir.dtype_to_ir_type(np.dtype(dtype)))
+
+
+def _reshape(x, shape, dtype):
+    return hlo.reshape(_ttype(shape, dtype), x)
+
+
+def _transpose(x, perm):
+    if list(perm) == list(range(len(perm))):
+        return x
+    return hlo.transpose(x, mlir.dense_int_array(list(perm)))
+
+
+def _lookup(table: np.ndarray, pid):
+    if not table.any():
+        return mlir.ir_constant(np.int32(0))
+    t = mlir.ir_constant(np.asarray(table, np.int32))
+    s = hlo.dynamic_slice(t, [pid], mlir.dense_int_array([1]))
+    return hlo.reshape(_ttype((), np.int32), s)
+
+
+def _custom_call(ctx, x, in_shape, out_shape, dtype, comm: Comm, kind: str, op: str = "sum"):
+    comm_id = comm.register()
+    pid = hlo.convert(_ttype((), np.int32), hlo.partition_id())
+    group = _lookup(comm.group_of, pid)
+    rank = _lookup(comm.rank_of, pid)
+    scalar = jaxapi.ShapedArray((), np.int32)
+    sub = ctx.replace(avals_in=[jaxapi.ShapedArray(tuple(in_shape), dtype), scalar, scalar],
+                      avals_out=[jaxapi.ShapedArray(tuple(out_shape), dtype)])
+    import jax
+    rule = jax.ffi.ffi_lowering(runtime.FFI_TARGET, has_side_effect=True)
+    out, = rule(sub, x, group, rank, comm_id=int(comm_id), op_id=int(next_op_id(ctx)), kind=int(KIND[kind]),
+                reduce_op=int(REDUCE[op]), root=0)
+    return out
+
+
+def _check(ctx, what):
+    aval = ctx.avals_in[0]
+    check_dtype(aval.dtype, what)
+    return aval, tuple(aval.shape), np.dtype(aval.dtype)
+
+
+# ----------------------------------------------------------------------------- the collectives
+
+def lower_all_reduce(ctx, x, *, axes, op: str, what: str):
+    aval, shape, dtype = _check(ctx, what)
+    comm = communicator(ctx, axes, what)
+    if comm.n == 1:
+        return [x]
+    return [_custom_call(ctx, x, shape, shape, dtype, comm, "all_reduce", op)]
+
+
+def lower_all_gather(ctx, x, *, all_gather_dimension, axis_name, axis_size, tiled, what="all_gather"):
+    aval, s, dtype = _check(ctx, what)
+    comm = communicator(ctx, as_axes(axis_name), what)
+    n, d = comm.n, all_gather_dimension
+    assert n == axis_size, (n, axis_size)
+    if n == 1:
+        return [x if tiled else _reshape(x, s[:d] + (1,) + s[d:], dtype)]
+    # flat result: every rank's input in rank order, (n,) + s; move the rank axis to d
+    y = _custom_call(ctx, x, s, (n,) + s, dtype, comm, "all_gather")
+    y = _transpose(y, list(range(1, d + 1)) + [0] + list(range(d + 1, len(s) + 1)))
+    if tiled:        # (.., n, s[d], ..) -> (.., n * s[d], ..)
+        y = _reshape(y, s[:d] + (n * s[d],) + s[d + 1:], dtype)
+    return [y]
+
+
+def lower_reduce_scatter(ctx, x, *, scatter_dimension, axis_name, axis_size, tiled, op="sum",
+                         what="psum_scatter"):
+    aval, s, dtype = _check(ctx, what)
+    comm = communicator(ctx, as_axes(axis_name), what)
+    n, d = comm.n, scatter_dimension
+    assert n == axis_size, (n, axis_size)
+    if tiled:
+        m = s[d] // n
+        split = s[:d] + (n, m) + s[d + 1:]
+        y = _reshape(x, split, dtype)
+        out = s[:d] + (m,) + s[d + 1:]
+    else:
+        split = s
+        y = x
+        out = s[:d] + s[d + 1:]
+    if n == 1:
+        return [_reshape(y, out, dtype)]
+    perm = [d] + [i for i in range(len(split)) if i != d]
+    y = _transpose(y, perm)
+    return [_custom_call(ctx, y, tuple(split[i] for i in perm), out, dtype, comm, "reduce_scatter", op)]
+
+
+def lower_all_to_all(ctx, x, *, split_axis, concat_axis, axis_name, what="all_to_all", **_):
+    aval, s, dtype = _check(ctx, what)
+    comm = communicator(ctx, as_axes(axis_name), what)
+    n, sa, ca = comm.n, split_axis, concat_axis
+    if n == 1:
+        return [x]
+    m = s[sa] // n
+    split = s[:sa] + (n, m) + s[sa + 1:]
+    y = _reshape(x, split, dtype)
+    perm = [sa] + [i for i in range(len(split)) if i != sa]
+    y = _transpose(y, perm)
+    blocks = tuple(split[i] for i in perm)          # (n,) + s with s[sa] -> m
+    y = _custom_call(ctx, y, blocks, blocks, dtype, comm, "all_to_all")
+    sp = blocks[1:]                                  # one block's shape
+    # block i came from rank i: put the block axis just before concat_axis and merge it in
+    perm2 = list(range(1, ca + 1)) + [0] + list(range(ca + 1, len(sp) + 1))
+    y = _transpose(y, perm2)
+    out = sp[:ca] + (n * sp[ca],) + sp[ca + 1:]
+    return [_reshape(y, out, dtype)]

@@ -1,0 +1,174 @@
+"""The lowering swap: plain jax.lax collectives inside jax.shard_map lower to jax_r2ccl.
+
+`install()` registers, for the "cpu" platform, a lowering of jax.lax's own collective
+primitives (psum_p, psum_invariant_p, pmax_p, pmin_p, all_gather_p, all_gather_invariant_p,
+reduce_scatter_p, all_to_all_p) that emits the "r2ccl_collective" custom call instead of
+XLA's collective; `uninstall()` puts the previous rules back; `enabled()` does both around a
+block. Platform-specific rules take precedence over jax's generic ones, and the swapped
+primitives are registered cacheable=False so that each collective gets its own op id.
+
+What this reroutes: every bind of those primitives that is lowered while the swap is on —
+jax.lax.psum/pmean/pmax/pmin/all_gather/psum_scatter/all_to_all (each pytree leaf is its own
+bind; with check_vma on, psum binds psum_invariant_p), and the collectives JAX itself binds
+while differentiating in a shard_map (with check_vma on, the transpose of pvary — the
+gradient all-reduce of an invariant parameter — is psum_invariant_p).
+
+What it does not reroute:
+  * collectives the SPMD partitioner (Shardy/GSPMD) inserts on its own: jit on sharded
+    arrays outside shard_map, resharding between shardings, reductions over sharded
+    dimensions, a shard_map's in/out_specs transfers. They never pass through these
+    primitives;
+  * pmap (its collectives keep XLA's lowering), axis_index_groups (an error), ppermute,
+    pbroadcast, psend/precv, ragged_all_to_all, the *_start/*_done async collectives;
+  * code already lowered: jax.jit caches the lowering and the executable of a function per
+    argument signature, so a function traced and compiled before the swap keeps XLA's
+    collectives, and one compiled inside keeps r2ccl's afterwards. Trace a function for the
+    first time inside the block (or call jax.clear_caches() on entering it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+
+from . import jaxapi, lowering
+from .jaxapi import mlir
+
+_lock = threading.Lock()
+_saved: dict = {}        # prim -> (previous cpu entry or None, was uncacheable)
+_depth = [0]
+
+
+def _positional_then(ctx, arg, axes, pos_fn, what, op):
+    """jax's _allreduce_lowering for positional axes (vmap), then r2ccl over the named ones."""
+    named = tuple(a for a in axes if not isinstance(a, int))
+    pos = tuple(a for a in axes if isinstance(a, int))
+    if pos:
+        import numpy as np
+        aval_in, = ctx.avals_in
+        reducer = mlir.lower_fun(pos_fn, multiple_results=False)
+        aval_out = aval_in.update(shape=np.delete(np.array(aval_in.shape, dtype=np.int64), pos))
+        out, = reducer(ctx.replace(primitive=None, avals_in=[aval_in], avals_out=[aval_out]), arg, axes=pos)
+        arg = out
+        ctx = ctx.replace(avals_in=[aval_out])
+    if not named:
+        return [arg]
+    return lowering.lower_all_reduce(ctx, arg, axes=named, op=op, what=what)
+
+
+def _no_groups(what, axis_index_groups):
+    if axis_index_groups is not None:
+        raise NotImplementedError(f"{what} with axis_index_groups cannot be lowered to jax_r2ccl (the lowering swap "
+                                  f"is on): use mesh axes for the groups, or leave the swap off")
+
+
+def _allreduce_rule(op, pos_fn, name):
+    def rule(ctx, arg, *, axes, axis_index_groups=None):
+        what = f"jax.lax.{name} (via jax_r2ccl)"
+        _no_groups(what, axis_index_groups)
+        return _positional_then(ctx, arg, axes, pos_fn, what, op)
+    return rule
+
+
+def _psum_invariant_rule(ctx, arg, *, axes):
+    return lowering.lower_all_reduce(ctx, arg, axes=tuple(axes), op="sum", what="jax.lax.psum (via jax_r2ccl)")
+
+
+def _all_gather_rule(ctx, x, *, all_gather_dimension, axis_name, axis_size, tiled, axis_index_groups=None, **_):
+    _no_groups("jax.lax.all_gather", axis_index_groups)
+    return lowering.lower_all_gather(ctx, x, all_gather_dimension=all_gather_dimension,
+                                     axis_name=lowering.as_axes(axis_name), axis_size=axis_size, tiled=tiled,
+                                     what="jax.lax.all_gather (via jax_r2ccl)")
+
+
+def _reduce_scatter_rule(ctx, x, *, scatter_dimension, axis_name, axis_index_groups, axis_size, tiled):
+    _no_groups("jax.lax.psum_scatter", axis_index_groups)
+    return lowering.lower_reduce_scatter(ctx, x, scatter_dimension=scatter_dimension,
+                                         axis_name=lowering.as_axes(axis_name), axis_size=axis_size, tiled=tiled,
+                                         what="jax.lax.psum_scatter (via jax_r2ccl)")
+
+
+def _all_to_all_rule(ctx, x, *, split_axis, concat_axis, axis_name, axis_index_groups, tiled):
+    _no_groups("jax.lax.all_to_all", axis_index_groups)
+    return lowering.lower_all_to_all(ctx, x, split_axis=split_axis, concat_axis=concat_axis,
+                                     axis_name=lowering.as_axes(axis_name), what="jax.lax.all_to_all (via jax_r2ccl)")
+
+
+def _original(ctx, *args, **params):
+    """The rule jax.lax uses for this primitive (for contexts r2ccl does not serve: pmap)."""
+    prim = ctx.primitive
+    entry = _saved.get(prim, (None, False))[0]
+    if entry is None:
+        entry = jaxapi.lowering_rule(prim, "cpu")[1]
+    return entry.rule(ctx, *args, **params)
+
+
+def _spmd_only(rule):
+    """Outside shard_map (pmap), jax.lax's own lowering."""
+    def wrapped(ctx, *args, **params):
+        if not isinstance(ctx.module_context.axis_context, jaxapi.SPMDAxisContext):
+            return _original(ctx, *args, **params)
+        return rule(ctx, *args, **params)
+    return wrapped
+
+
+def _rules():
+    from jax import lax
+    rules = {
+        jaxapi.psum_p: _allreduce_rule("sum", lax.reduce_sum, "psum"),
+        jaxapi.psum_invariant_p: _psum_invariant_rule,
+        jaxapi.pmax_p: _allreduce_rule("max", lax.reduce_max, "pmax"),
+        jaxapi.pmin_p: _allreduce_rule("min", lax.reduce_min, "pmin"),
+        jaxapi.all_gather_p: _all_gather_rule,
+        jaxapi.reduce_scatter_p: _reduce_scatter_rule,
+        jaxapi.all_to_all_p: _all_to_all_rule,
+    }
+    if jaxapi.all_gather_invariant_p is not None:
+        rules[jaxapi.all_gather_invariant_p] = _all_gather_rule
+    return {p: _spmd_only(r) for p, r in rules.items()}
+
+
+def install() -> None:
+    """Makes jax.lax's collectives inside shard_map lower to jax_r2ccl from now on (until
+    uninstall()). Functions compiled before keep what they were compiled with."""
+    with _lock:
+        _depth[0] += 1
+        if _depth[0] > 1:
+            return
+        lowering.install_guards()
+        for prim, rule in _rules().items():
+            _saved[prim] = (jaxapi.lowering_rule(prim, "cpu")[0], jaxapi.is_uncacheable(prim))
+            mlir.register_lowering(prim, rule, platform="cpu", cacheable=False)
+
+
+def uninstall() -> None:
+    """Undoes one install() (they nest); the last one restores jax.lax's own lowerings."""
+    with _lock:
+        if _depth[0] == 0:
+            return
+        _depth[0] -= 1
+        if _depth[0] > 0:
+            return
+        for prim, (entry, uncacheable) in _saved.items():
+            jaxapi.set_platform_lowering(prim, "cpu", entry)
+            if not uncacheable:
+                jaxapi.set_cacheable(prim)
+        _saved.clear()
+
+
+def installed() -> bool:
+    return _depth[0] > 0
+
+
+@contextlib.contextmanager
+def enabled():
+    """Inside the block, plain jax.lax.psum / pmean / pmax / pmin / all_gather / psum_scatter /
+    all_to_all inside jax.shard_map lower to jax_r2ccl (for functions traced inside it)."""
+    install()
+    try:
+        yield
+    finally:
+        uninstall()
+
+
+__all__ = ["enabled", "install", "uninstall", "installed"]

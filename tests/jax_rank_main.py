@@ -1,0 +1,145 @@
+"""One process of a multi-process JAX test, and the launcher that starts them.
+
+`run_jax_ranks(func, world, local=...)` starts `world` processes, each with `local` CPU
+devices (XLA_FLAGS=--xla_force_host_platform_device_count), joined by jax.distributed
+(coordinator on 127.0.0.1 at a free port) and by jax_r2ccl (rails on 127.0.0.1 and
+127.0.0.2); each runs tests/jax_workers.py:`func`(rank, world, local, **args) and returns
+its JSON result. Bounded in time: processes still running at the deadline are killed by
+process group. JAX's own collectives across the processes use gloo (JAX's CPU default).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+RAILS = ["127.0.0.1", "127.0.0.2"]
+# Fast failure detection; R2CCL_TIMEOUT (timeout_s) bounds a collective whose peers never come.
+FAST = dict(timeout_s=20.0, bootstrap_timeout_s=60.0, heartbeat_ms=100, stall_ms=500, reprobe_ms=100,
+            connect_timeout_ms=2000)
+
+
+class RankFailed(AssertionError):
+    pass
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _package_parent() -> str:
+    import jax_r2ccl
+    return os.path.dirname(os.path.dirname(os.path.abspath(jax_r2ccl.__file__)))
+
+
+def run_jax_ranks(func: str, world: int, *, local: int = 1, args: dict | None = None, config: dict | None = None,
+                  timeout: float = 120.0, expect_fail: bool = False) -> list[dict]:
+    """Returns one dict per process: {"ok": True, "result": ..., "seconds": {...}} or
+    {"ok": False, "error": str}. Raises RankFailed on a crash, a timeout, or (unless
+    expect_fail) a worker exception."""
+    cfg = dict(FAST)
+    cfg.update(config or {})
+    port = _free_port()
+    with tempfile.TemporaryDirectory(prefix="r2ccl-jax-") as tmp:
+        procs = []
+        for rank in range(world):
+            spec = {"func": func, "rank": rank, "world": world, "local": local, "port": port, "config": cfg,
+                    "args": args or {}, "out": os.path.join(tmp, f"out{rank}.json")}
+            path = os.path.join(tmp, f"spec{rank}.json")
+            with open(path, "w") as f:
+                json.dump(spec, f)
+            env = dict(os.environ)
+            env["PYTHONPATH"] = os.pathsep.join(filter(None, [_package_parent(), HERE, env.get("PYTHONPATH", "")]))
+            env["JAX_PLATFORMS"] = "cpu"
+            env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={local}"
+            env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+            procs.append((subprocess.Popen([sys.executable, os.path.join(HERE, "jax_rank_main.py"), path],
+                                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
+                                           start_new_session=True), spec))
+        deadline = time.monotonic() + timeout
+        outputs = [""] * world
+        timed_out = False
+        for i, (p, _) in enumerate(procs):
+            try:
+                outputs[i] = p.communicate(timeout=max(0.1, deadline - time.monotonic()))[0].decode(errors="replace")
+            except subprocess.TimeoutExpired:
+                timed_out = True
+                break
+        if timed_out:
+            for p, _ in procs:
+                if p.poll() is None:
+                    os.killpg(p.pid, signal.SIGKILL)
+            for i, (p, _) in enumerate(procs):
+                outputs[i] = outputs[i] or p.communicate()[0].decode(errors="replace")
+            raise RankFailed(f"{func}: processes still running after {timeout} s (killed)\n" +
+                             "\n".join(f"--- process {i}\n{o[-4000:]}" for i, o in enumerate(outputs)))
+        results = []
+        for i, (p, spec) in enumerate(procs):
+            try:
+                with open(spec["out"]) as f:
+                    results.append(json.load(f))
+            except FileNotFoundError:
+                raise RankFailed(f"{func}: process {i} exited with {p.returncode} and no result\n"
+                                 f"{outputs[i][-4000:]}") from None
+            results[-1]["output"] = outputs[i]
+        if not expect_fail:
+            bad = [(i, r) for i, r in enumerate(results) if not r["ok"]]
+            if bad:
+                raise RankFailed("\n".join(f"process {i}: {r['error']}\n{r['output'][-3000:]}" for i, r in bad))
+        return results
+
+
+def main():
+    with open(sys.argv[1]) as f:
+        spec = json.load(f)
+    rank, world, local = spec["rank"], spec["world"], spec["local"]
+    os.environ["JAX_PLATFORMS"] = "cpu"
+    os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={local}"
+    out = {"ok": False, "error": ""}
+    t0 = time.monotonic()
+    client = None
+    try:
+        import jax
+        jax.config.update("jax_enable_x64", True)
+        jax.distributed.initialize(coordinator_address=f"127.0.0.1:{spec['port']}", num_processes=world,
+                                   process_id=rank, initialization_timeout=60)
+        from jax._src import distributed
+        client = distributed.global_state.client
+        import jax_r2ccl
+        from jax_r2ccl.config import Config
+        jax_r2ccl.initialize(nics=RAILS, config=Config.from_env(**spec["config"]))
+        t1 = time.monotonic()
+        import jax_workers
+        res = getattr(jax_workers, spec["func"])(rank, world, local, **spec["args"])
+        out = {"ok": True, "result": res,
+               "seconds": {"start": round(t1 - t0, 2), "work": round(time.monotonic() - t1, 2)}}
+    except BaseException as e:  # noqa: BLE001 - reported to the test
+        out.update(error=f"{type(e).__name__}: {e}\n{traceback.format_exc()}")
+    finally:
+        with open(spec["out"] + ".tmp", "w") as f:
+            json.dump(out, f)
+        os.rename(spec["out"] + ".tmp", spec["out"])
+    sys.stdout.flush()
+    # Leave together: a process that exits first takes the coordination service (process 0)
+    # or its heartbeats away from the others.
+    if client is not None:
+        try:
+            client.wait_at_barrier("r2ccl-test-exit", 30_000)
+        except Exception:  # noqa: BLE001
+            pass
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,477 @@
+"""Worker functions of the multi-process JAX tests (run by tests/jax_rank_main.py): each gets
+its process index, the number of processes and the local device count, runs after
+jax.distributed.initialize() and jax_r2ccl.initialize(), and returns JSON.
+
+Every r2ccl program is compared with the same program written with jax.lax (JAX's own
+collectives, gloo across processes) in a separate jitted function, on the same inputs. The
+"exact" inputs are small integers (halves for floats) whose sums are exact in every dtype,
+so the two must agree bit for bit whatever the summation order; random floats are checked
+against an exact reference within a stated bound. Per-device digests of results that must be
+identical inside a group come back to the test, which compares them across processes."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import time
+
+import numpy as np
+
+DTYPES = ["float32", "float64", "float16", "bfloat16", "int8", "uint8", "int32", "uint32", "int64", "uint64", "bool"]
+ROWS, COLS = 12, 5      # per-device block: 12 divides every axis size used (1, 2, 3, 4, 6)
+
+
+def _jax():
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    return jax, jnp, Mesh, NamedSharding, P
+
+
+def np_dtype(name):
+    import jax.numpy as jnp
+    return np.dtype(jnp.bfloat16) if name == "bfloat16" else np.dtype(name)
+
+
+def make_mesh(world, local):
+    jax, jnp, Mesh, NamedSharding, P = _jax()
+    devs = np.array(sorted(jax.devices(), key=lambda d: (d.process_index, d.id)))
+    if local == 1:
+        return Mesh(devs, ("p",)), ("p",)
+    return Mesh(devs.reshape(world, local), ("p", "l")), ("p", "l")
+
+
+def exact_block(pos, dtype_name, seed=0, shape=(ROWS, COLS)):
+    rng = np.random.default_rng(1000 * seed + 17 * pos + DTYPES.index(dtype_name))
+    dt = np_dtype(dtype_name)
+    if dtype_name == "bool":
+        return rng.integers(0, 2, shape).astype(bool)
+    if dtype_name.startswith("float") or dtype_name == "bfloat16":
+        return (rng.integers(-8, 9, shape) * 0.5).astype(dt)
+    if dtype_name.startswith("uint"):
+        return rng.integers(0, 11, shape).astype(dt)
+    return rng.integers(-5, 6, shape).astype(dt)
+
+
+def global_array(mesh, axes, blocks):
+    """A global array whose block at flat mesh position p (rows p*R..) is blocks[p]."""
+    jax, jnp, Mesh, NamedSharding, P = _jax()
+    R = blocks[0].shape[0]
+    shape = (R * len(blocks),) + blocks[0].shape[1:]
+    full = np.concatenate(blocks)
+    return jax.make_array_from_callback(shape, NamedSharding(mesh, P(axes)), lambda idx: full[idx])
+
+
+def per_device(arr):
+    """{flat mesh position: numpy block} of this process's shards of an output whose leading
+    dimension is the flat mesh position (out_specs P(all axes), one row per device)."""
+    out = {}
+    for s in arr.addressable_shards:
+        start = s.index[0].start or 0
+        out[int(start)] = np.asarray(s.data)[0]
+    return out
+
+
+def digest(a: np.ndarray) -> str:
+    a = np.ascontiguousarray(a)
+    return hashlib.sha1(a.dtype.str.encode() + str(a.shape).encode() + a.tobytes()).hexdigest()[:16]
+
+
+def group_of(mesh, pos, axes):
+    """The index of the group of the device at flat position `pos` for a collective over
+    `axes` (position along the other mesh axes)."""
+    names = list(mesh.axis_names)
+    coords = np.unravel_index(pos, mesh.devices.shape)
+    others = [i for i, a in enumerate(names) if a not in axes]
+    g = 0
+    for i in others:
+        g = g * mesh.devices.shape[i] + int(coords[i])
+    return g
+
+
+def _ops(M, v, axes, n, dt):
+    """Every collective of the API on one block, through module M (jax_r2ccl or jax.lax)."""
+    out = {
+        "psum": M.psum(v, axes),
+        "pmean": M.pmean(v, axes),
+        "pmax": M.pmax(v, axes),
+        "pmin": M.pmin(v, axes),
+        "all_gather": M.all_gather(v, axes, axis=1),
+        "all_gather_tiled": M.all_gather(v, axes, axis=0, tiled=True),
+        "all_to_all": M.all_to_all(v.reshape(n, -1), axes, 0, 1),
+        "all_to_all_tiled": M.all_to_all(v, axes, 0, 1, tiled=True),
+    }
+    if dt != "bool":   # jax.lax.psum_scatter refuses bool too
+        out["psum_scatter"] = M.psum_scatter(v.reshape(n, -1), axes)
+        out["psum_scatter_tiled"] = M.psum_scatter(v, axes, scatter_dimension=0, tiled=True)
+    return out
+
+
+# Results every member of a group must hold identically.
+REPLICATED = ("psum", "pmean", "pmax", "pmin", "all_gather", "all_gather_tiled")
+
+
+def _compare_programs(mesh, all_axes, cases, inputs, check_vma=True):
+    """cases: [(label, axes, dtype)]; runs r2ccl's and jax.lax's programs on `inputs`
+    ({dtype: global array}); returns (mismatches, digests, seconds)."""
+    jax, jnp, Mesh, NamedSharding, P = _jax()
+    import jax_r2ccl
+    dts = sorted(inputs)
+
+    def program(M):
+        def body(*vs):
+            vals = dict(zip(dts, vs))
+            outs = {}
+            for label, axes, dt in cases:
+                n = jax.lax.psum(1, axes)
+                for op, o in _ops(M, vals[dt], axes, n, dt).items():
+                    outs[f"{label}:{op}"] = o[None]
+            return outs
+        return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=tuple(P(all_axes) for _ in dts),
+                                     out_specs=P(all_axes), check_vma=check_vma))
+
+    args = [inputs[d] for d in dts]
+    t0 = time.monotonic()
+    r = program(jax_r2ccl)(*args)
+    jax.block_until_ready(r)
+    t1 = time.monotonic()
+    ref = program(jax.lax)(*args)
+    jax.block_until_ready(ref)
+    t2 = time.monotonic()
+    bad, digests = [], {}
+    for key in sorted(r):
+        label, op = key.split(":")
+        axes = next(c[1] for c in cases if c[0] == label)
+        got, want = per_device(r[key]), per_device(ref[key])
+        for pos in got:
+            a, b = got[pos], want[pos]
+            if a.dtype != b.dtype or a.shape != b.shape or a.tobytes() != b.tobytes():
+                bad.append({"case": key, "device": pos, "r2ccl": f"{a.dtype}{a.shape}", "lax": f"{b.dtype}{b.shape}",
+                            "r2ccl_head": np.asarray(a).ravel()[:6].astype(float).tolist(),
+                            "lax_head": np.asarray(b).ravel()[:6].astype(float).tolist()})
+            if op in REPLICATED:
+                digests.setdefault(key, {})[str(pos)] = [group_of(mesh, pos, axes), digest(a)]
+    return bad, digests, {"r2ccl_compile_and_run": round(t1 - t0, 2), "lax_compile_and_run": round(t2 - t1, 2)}
+
+
+def matrix(rank, world, local, dtypes=DTYPES, sub_dtypes=("float32", "bfloat16", "int64"), random_floats=True):
+    """Every op x dtype over all devices; on a 2-D mesh also over each axis alone and over
+    both axes in reverse order (groups, rank order), for a few dtypes; random floats."""
+    jax, jnp, Mesh, NamedSharding, P = _jax()
+    mesh, all_axes = make_mesh(world, local)
+    N = mesh.devices.size
+    used = sorted(set(dtypes) | (set(sub_dtypes) if local > 1 else set()))
+    inputs = {dt: global_array(mesh, all_axes, [exact_block(p, dt) for p in range(N)]) for dt in used}
+    cases = [(f"all/{dt}", all_axes, dt) for dt in dtypes]
+    if local > 1:
+        for dt in sub_dtypes:
+            cases += [(f"p/{dt}", ("p",), dt), (f"l/{dt}", ("l",), dt), (f"lp/{dt}", ("l", "p"), dt)]
+    bad, digests, secs = _compare_programs(mesh, all_axes, cases, inputs)
+    res = {"bad": bad, "digests": digests, "seconds": secs, "cases": len(cases), "devices": N}
+    if random_floats:
+        res["random"] = _random_floats(mesh, all_axes)
+    return res
+
+
+def _random_floats(mesh, all_axes, size=4096):
+    """psum/pmean of random normal floats over all devices: r2ccl and jax.lax both within
+    N * eps * sum|x| of the exact sum (computed here in extended precision from every
+    device's input), r2ccl identical on every device; bit-equality with jax.lax reported."""
+    jax, jnp, Mesh, NamedSharding, P = _jax()
+    import jax_r2ccl
+    N = mesh.devices.size
+    names = ["float32", "float64", "float16", "bfloat16"]
+    blocks = {dt: [np.random.default_rng(7 + 31 * p + i).standard_normal((1, size)).astype(np_dtype(dt))
+                   for p in range(N)] for i, dt in enumerate(names)}
+    inputs = [global_array(mesh, all_axes, blocks[dt]) for dt in names]
+
+    def program(M):
+        def body(*vs):
+            return {dt: M.psum(v, all_axes) for dt, v in zip(names, vs)}
+        return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=tuple(P(all_axes) for _ in names),
+                                     out_specs=P(all_axes)))
+    r = program(jax_r2ccl)(*inputs)
+    ref = program(jax.lax)(*inputs)
+    out = {}
+    for dt in names:
+        xs = np.stack([b[0].astype(np.longdouble) for b in blocks[dt]])
+        exact = xs.sum(0)
+        eps = float(jnp.finfo(np_dtype(dt)).eps)
+        bound = N * eps * np.abs(xs).sum(0) + float(jnp.finfo(np_dtype(dt)).tiny)
+        got, want = per_device(r[dt]), per_device(ref[dt])
+        worst_r = max(float(np.max(np.abs(g.astype(np.longdouble) - exact) / bound)) for g in got.values())
+        worst_l = max(float(np.max(np.abs(w.astype(np.longdouble) - exact) / bound)) for w in want.values())
+        out[dt] = {"r2ccl_err_over_bound": worst_r, "lax_err_over_bound": worst_l,
+                   "digests": {str(p): digest(g) for p, g in got.items()},
+                   "bit_equal_to_lax": all(got[p].tobytes() == want[p].tobytes() for p in got)}
+    return out
+
+
+# ----------------------------------------------------------------------------- misc checks
+
+def _rail_tx_bytes():
+    from jax_r2ccl import runtime
+    ep = runtime._state["endpoint"]
+    total = 0
+    for peer in ep.peers:
+        for s in ep.rail_stats(peer):
+            total += int(s["tx_bytes"])
+    return total
+
+
+def misc(rank, world, local):
+    jax, jnp, Mesh, NamedSharding, P = _jax()
+    import jax_r2ccl
+    from jax_r2ccl.errors import R2cclError
+    mesh, all_axes = make_mesh(world, local)
+    N = mesh.devices.size
+    res = {}
+    timing = {}
+    blocks = [exact_block(p, "float64", seed=3) for p in range(N)]
+    x = global_array(mesh, all_axes, blocks)
+    spec = P(all_axes)
+
+    def smap(f, check_vma=True, in_specs=None, out_specs=None):
+        return jax.jit(jax.shard_map(f, mesh=mesh, in_specs=in_specs if in_specs is not None else spec,
+                                     out_specs=out_specs if out_specs is not None else spec, check_vma=check_vma))
+
+    def same(a, b):
+        ga, gb = per_device(a), per_device(b)
+        return all(ga[p].dtype == gb[p].dtype and ga[p].tobytes() == gb[p].tobytes() for p in ga)
+
+    # -- loops: psum inside lax.scan and fori_loop (the fori body's psum does not depend on
+    #    the carry: unrolled copies would be independent), with grad, check_vma=False.
+    t = time.monotonic()
+
+    def loop_loss(M, w, v):
+        def step(c, k):
+            return c + M.psum(v * w * k, all_axes), None
+        c, _ = jax.lax.scan(step, jnp.zeros_like(v), jnp.arange(1.0, 4.0))
+        c = jax.lax.fori_loop(0, 4, lambda i, c: c * 0.5 + M.psum(v * i, all_axes), c)
+        return jnp.sum(c * c)
+
+    def loop_prog(M):
+        return smap(lambda w, v: (loop_loss(M, w, v)[None], jax.grad(loop_loss, argnums=(1, 2))(M, w, v)[0][None],
+                                  jax.grad(loop_loss, argnums=(1, 2))(M, w, v)[1][None]),
+                    check_vma=False, in_specs=(P(), spec), out_specs=(spec, spec, spec))
+    w = jnp.float64(0.5)
+    a, b = loop_prog(jax_r2ccl)(w, x), loop_prog(jax.lax)(w, x)
+    res["scan_fori_grad"] = {"equal": all(same(u, v) for u, v in zip(a, b)),
+                             "loss": float(per_device(a[0])[min(per_device(a[0]))])}
+    timing["scan_fori_grad"] = time.monotonic() - t
+
+    # -- the same step with check_vma=True and an invariant parameter, under the lowering swap:
+    #    JAX's own gradient all-reduce (the transpose of pvary) goes through r2ccl as well.
+    t = time.monotonic()
+
+    def vma_prog():
+        return smap(lambda w, v: (loop_loss(jax.lax, w, v)[None], jax.grad(loop_loss, argnums=1)(jax.lax, w, v)[None]),
+                    check_vma=True, in_specs=(P(), spec), out_specs=(spec, spec))
+    ref = vma_prog()(w, x)
+    with jax_r2ccl.enabled():
+        f = vma_prog()
+        text = f.lower(w, x).as_text()
+        got = f(w, x)
+    res["swap_vma_grad"] = {"equal": all(same(u, v) for u, v in zip(got, ref)),
+                            "r2ccl_calls": len(re.findall(r"r2ccl_collective", text)),
+                            "xla_collectives": len(re.findall(r"stablehlo\.(all_reduce|all_gather|reduce_scatter|"
+                                                              r"all_to_all)", text))}
+    timing["swap_vma_grad"] = time.monotonic() - t
+
+    # -- two psums whose results are unused: both run (rail bytes), one used psum for scale
+    t = time.monotonic()
+    big = global_array(mesh, all_axes, [np.full((1, 1 << 20), p + 1.0, np.float32) for p in range(N)])
+    one = smap(lambda v: jax_r2ccl.psum(v, all_axes) + 0)
+    two_unused = smap(lambda v: (jax_r2ccl.psum(v, all_axes), jax_r2ccl.psum(v * 2, all_axes), v)[2])
+    jax.block_until_ready(one(big))
+    jax.block_until_ready(two_unused(big))
+    deltas = {}
+    for name, f in (("one_used", one), ("two_unused", two_unused)):
+        _barrier(f"{name}-before")
+        b0 = _rail_tx_bytes()
+        jax.block_until_ready(f(big))
+        _barrier(f"{name}-after")
+        time.sleep(0.05)
+        deltas[name] = _rail_tx_bytes() - b0
+    res["unused"] = {"tx_bytes": deltas,
+                     "custom_calls_in_executable": len(re.findall(r"r2ccl_collective",
+                                                                  two_unused.lower(big).compile().as_text()))}
+    timing["unused"] = time.monotonic() - t
+
+    # -- 40 independent psums in one program
+    t = time.monotonic()
+    forty = smap(lambda v: sum(jax_r2ccl.psum(v * (k + 1), all_axes) for k in range(40)))
+    lax40 = smap(lambda v: 820 * jax.lax.psum(v, all_axes))
+    res["forty"] = {"equal": same(forty(x), lax40(x)),
+                    "custom_calls": len(re.findall(r"r2ccl_collective", forty.lower(x).as_text()))}
+    timing["forty"] = time.monotonic() - t
+
+    # -- grad through psum, both typing modes, against jax.lax
+    t = time.monotonic()
+
+    def gloss(M, w, v):
+        return jnp.sum(M.psum(v * w, all_axes) ** 2) + jnp.sum(M.pmean(jnp.sin(w) * v, all_axes))
+    g = {}
+    for cv in (True, False):
+        progs = [smap(lambda w, v, M=M: [a[None] for a in jax.grad(gloss, argnums=(1, 2))(M, w, v)], check_vma=cv)
+                 for M in (jax_r2ccl, jax.lax)]
+        ga, gb = progs[0](x, x), progs[1](x, x)
+        g[str(cv)] = {"equal": all(same(u, v) for u, v in zip(ga, gb)),
+                      "max_abs_diff": max(float(np.max(np.abs(per_device(u)[p] - per_device(v)[p])))
+                                          for u, v in zip(ga, gb) for p in per_device(u))}
+    # grad of a function that calls a shard_map (differentiation outside the shard_map)
+    outer = [jax.jit(jax.grad(lambda v, M=M: jnp.sum(jax.shard_map(lambda u: M.psum(u * u, all_axes), mesh=mesh,
+                                                                   in_specs=spec, out_specs=P())(v))))
+             for M in (jax_r2ccl, jax.lax)]
+    g["outer"] = {"equal": same(outer[0](x), outer[1](x))}
+    res["grad"] = g
+    timing["grad"] = time.monotonic() - t
+
+    # -- vmap over a non-named axis
+    t = time.monotonic()
+    vm = {}
+    ops = {
+        "psum": lambda M, r: M.psum(r, all_axes),
+        "pmax": lambda M, r: M.pmax(r, all_axes),
+        "all_gather": lambda M, r: M.all_gather(r, all_axes, axis=0, tiled=True),
+        "psum_scatter": lambda M, r: M.psum_scatter(r, all_axes, scatter_dimension=0, tiled=True),
+        "all_to_all": lambda M, r: M.all_to_all(r, all_axes, 0, 0, tiled=True),
+    }
+    for name, op in ops.items():
+        progs = [smap(lambda v, M=M, op=op: jax.vmap(lambda r: op(M, r), in_axes=1, out_axes=1)(v)[None])
+                 for M in (jax_r2ccl, jax.lax)]
+        vm[name] = same(progs[0](x), progs[1](x))
+    res["vmap"] = vm
+    timing["vmap"] = time.monotonic() - t
+
+    # -- pytree, mixed dtypes
+    tree = {"a": x, "b": global_array(mesh, all_axes, [exact_block(p, "int32") for p in range(N)])}
+    progs = [smap(lambda t, M=M: M.psum(t, all_axes), in_specs=({"a": spec, "b": spec},),
+                  out_specs={"a": P(), "b": P()}) for M in (jax_r2ccl, jax.lax)]
+    pa, pb = progs[0](tree), progs[1](tree)
+    res["pytree"] = all(np.asarray(pa[k]).tobytes() == np.asarray(pb[k]).tobytes() for k in ("a", "b"))
+
+    # -- a nested jax.jit called twice: its two calls get their own op ids
+    @jax.jit
+    def inner(v):
+        return jax_r2ccl.psum(v, all_axes)
+    nested = smap(lambda v: inner(v) + inner(v * 3))
+    nested_text = nested.lower(x).as_text()
+    ref_nested = smap(lambda v: 4 * jax.lax.psum(v, all_axes))
+    res["nested_jit"] = {"equal": same(nested(x), ref_nested(x)),
+                         "op_ids": sorted(int(i) for i in re.findall(r"op_id = (\d+)", nested_text))}
+
+    # -- errors at trace time
+    errs = {}
+    x16 = global_array(mesh, all_axes, [np.ones((2, 3), np.int16) for _ in range(N)])
+    for name, fn in (("psum_int16", lambda v: jax_r2ccl.psum(v, all_axes)),
+                     ("all_gather_int16", lambda v: jax_r2ccl.all_gather(v, all_axes)),
+                     ("psum_complex", lambda v: jax_r2ccl.psum(v.astype(jnp.complex64), all_axes)),
+                     ("groups", lambda v: jax_r2ccl.psum(v, all_axes, axis_index_groups=[[0], [1]]))):
+        try:
+            jax.make_jaxpr(jax.shard_map(fn, mesh=mesh, in_specs=spec, out_specs=spec))(x16)
+            errs[name] = {"raised": False}
+        except Exception as e:  # noqa: BLE001 - recorded for the test
+            errs[name] = {"raised": True, "type": type(e).__name__, "r2ccl": isinstance(e, R2cclError),
+                          "message": str(e)[:300]}
+    res["trace_errors"] = errs
+
+    # -- typing under check_vma: the type (shape, dtype, varying axes) of every op's result on
+    #    a varying and on an invariant input, over all axes and over the first axis alone
+    t = time.monotonic()
+    types = {}
+    sub = [all_axes] + ([(all_axes[0],)] if len(all_axes) > 1 else [])
+    typing_ops = {
+        "psum": lambda M, v, a: M.psum(v, a), "pmean": lambda M, v, a: M.pmean(v, a),
+        "pmax": lambda M, v, a: M.pmax(v, a), "pmin": lambda M, v, a: M.pmin(v, a),
+        "all_gather": lambda M, v, a: M.all_gather(v, a, axis=1),
+        "all_gather_tiled": lambda M, v, a: M.all_gather(v, a, axis=0, tiled=True),
+        "psum_scatter": lambda M, v, a: M.psum_scatter(v, a, scatter_dimension=0, tiled=True),
+        "all_to_all": lambda M, v, a: M.all_to_all(v, a, 0, 1, tiled=True),
+    }
+
+    def typing_body(v, w):
+        for M in (jax_r2ccl, jax.lax):
+            for a in sub:
+                for name, op in typing_ops.items():
+                    for kind, inp in (("varying", v), ("invariant", w)):
+                        key = f"{name}/{'+'.join(a)}/{kind}"
+                        aval = jax.typeof(op(M, inp, a))
+                        types.setdefault(key, {})[M.__name__] = f"{aval} varying={sorted(aval.mat.varying)}"
+        return v
+    w_inv = jax.device_put(np.asarray(exact_block(0, "float32")), NamedSharding(mesh, P()))
+    jax.make_jaxpr(jax.shard_map(typing_body, mesh=mesh, in_specs=(spec, P()), out_specs=spec))(x, w_inv)
+    res["typing"] = {k: v for k, v in types.items()}
+    # psum of an invariant value is n * x (pvary first, as jax.lax does)
+    progs = [smap(lambda w, M=M: [M.psum(w, all_axes)[None], M.all_gather(w, all_axes)[None]], in_specs=(P(),))
+             for M in (jax_r2ccl, jax.lax)]
+    res["invariant_input"] = all(same(u, v) for u, v in zip(progs[0](w_inv), progs[1](w_inv)))
+    timing["typing"] = time.monotonic() - t
+
+    # -- the lowering swap, check_vma on: plain jax.lax collectives lower to r2ccl
+    t = time.monotonic()
+
+    def lax_body(v):
+        n = jax.lax.psum(1, all_axes)
+        outs = [jax.lax.psum(v, all_axes), jax.lax.pmean(v, all_axes), jax.lax.pmax(v, all_axes),
+                jax.lax.pmin(v, all_axes), jax.lax.all_gather(v, all_axes, axis=1),
+                jax.lax.psum_scatter(v, all_axes, scatter_dimension=0, tiled=True),
+                jax.lax.all_to_all(v.reshape(n, -1), all_axes, 0, 1)]
+        return [o[None] for o in outs]
+    ref = smap(lax_body)(x)
+    with jax_r2ccl.enabled():
+        f = smap(lax_body)
+        text_in = f.lower(x).as_text()
+        got = f(x)
+    after = smap(lambda v: lax_body(v))     # traced after the block: jax.lax's lowering again
+    text_after = after.lower(x).as_text()
+    jax_r2ccl.install()
+    jax_r2ccl.install()
+    jax_r2ccl.uninstall()                   # nested: still installed
+    text_nested = smap(lambda v: [jax.lax.psum(v, all_axes)[None]]).lower(x).as_text()
+    jax_r2ccl.uninstall()
+    xla_re = r"stablehlo\.(all_reduce|all_gather|reduce_scatter|all_to_all)"
+    res["swap"] = {"equal": all(same(u, v) for u, v in zip(got, ref)),
+                   "r2ccl_calls_inside": len(re.findall("r2ccl_collective", text_in)),
+                   "xla_collectives_inside": len(re.findall(xla_re, text_in)),
+                   "r2ccl_calls_after": len(re.findall("r2ccl_collective", text_after)),
+                   "xla_collectives_after": len(re.findall(xla_re, text_after)),
+                   "nested_install_r2ccl_calls": len(re.findall("r2ccl_collective", text_nested))}
+    timing["swap"] = time.monotonic() - t
+    res["seconds"] = {k: round(v, 2) for k, v in timing.items()}
+    return res
+
+
+def _barrier(name):
+    from jax._src import distributed
+    distributed.global_state.client.wait_at_barrier("r2ccl-test-" + name, 60_000)
+
+
+def mismatch(rank, world, local, sizes=(4, 6)):
+    """Process r feeds a psum of sizes[r] elements per device: an error on every process,
+    bounded by R2CCL_TIMEOUT; then the process's life after the error."""
+    jax, jnp, Mesh, NamedSharding, P = _jax()
+    import jax_r2ccl
+    mesh, all_axes = make_mesh(world, local)
+    N = mesh.devices.size
+    k = sizes[rank % len(sizes)]
+    x = global_array(mesh, all_axes, [np.ones((1, k), np.float32) for _ in range(N)])
+    f = jax.jit(jax.shard_map(lambda v: jax_r2ccl.psum(v, all_axes), mesh=mesh, in_specs=P(all_axes),
+                              out_specs=P(all_axes)))
+    t0 = time.monotonic()
+    out = {"error": None}
+    try:
+        np.asarray(jax.block_until_ready(f(x)).addressable_shards[0].data)
+    except Exception as e:  # noqa: BLE001 - the expected outcome
+        out["error"] = f"{type(e).__name__}: {e}"[:600]
+    out["seconds"] = round(time.monotonic() - t0, 2)
+    # life after the error: a well-formed psum on the same processes
+    _barrier("after-mismatch")
+    y = global_array(mesh, all_axes, [np.full((1, 8), p + 1.0, np.float32) for p in range(N)])
+    try:
+        r = jax.block_until_ready(f(y))
+        out["after"] = {"ok": True, "value": float(np.asarray(r.addressable_shards[0].data).ravel()[0]),
+                        "expected": float(N * (N + 1) / 2)}
+    except Exception as e:  # noqa: BLE001 - reported
+        out["after"] = {"ok": False, "error": f"{type(e).__name__}: {e}"[:300]}
+    return out
