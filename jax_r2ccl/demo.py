@@ -77,6 +77,10 @@ def _worker(a) -> int:
         return jnp.mean((h @ params["w3"] - y) ** 2)
 
     def local_step(params, x, y):
+        # params are replicated (P()); marking them varying makes the gradient per device,
+        # so the all-reduce below is the only one (with check_vma on, JAX would otherwise sum
+        # the gradient of an invariant value itself, through its own collectives).
+        params = jax.lax.pcast(params, "data", to="varying")
         loss, grads = jax.value_and_grad(loss_fn)(params, x, y)
         grads = jax_r2ccl.pmean(grads, "data")       # the all-reduce that must survive a NIC failure
         loss = jax_r2ccl.pmean(loss, "data")

@@ -475,3 +475,29 @@ def mismatch(rank, world, local, sizes=(4, 6)):
     except Exception as e:  # noqa: BLE001 - reported
         out["after"] = {"ok": False, "error": f"{type(e).__name__}: {e}"[:300]}
     return out
+
+
+def mixed_program(rank, world, local, n=1 << 20, rounds=5):
+    """An r2ccl psum followed by XLA's own psum in one program, several local devices: the
+    XLA collective must not run on (and block) the r2ccl executor's thread."""
+    jax, jnp, Mesh, NamedSharding, P = _jax()
+    import jax_r2ccl
+    mesh = Mesh(np.array(sorted(jax.devices(), key=lambda d: (d.process_index, d.id))), ("x",))
+    ndev = mesh.devices.size
+
+    def body(v):
+        return jax.lax.psum(jax_r2ccl.psum(v, "x") * v, "x")
+
+    f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("x"), out_specs=P(), check_vma=False))
+    g = jax.jit(jax.shard_map(lambda v: jax.lax.psum(jax.lax.psum(v, "x") * v, "x"), mesh=mesh, in_specs=P("x"),
+                              out_specs=P(), check_vma=False))
+    blocks = [np.full(n, (p % 3) + 1, np.float32) for p in range(ndev)]
+    x = jax.make_array_from_callback((n * ndev,), NamedSharding(mesh, P("x")),
+                                     lambda idx: blocks[idx[0].start // n])
+    ok = True
+    t0 = time.monotonic()
+    for _ in range(rounds):
+        a = np.asarray(f(x).addressable_shards[0].data)
+        b = np.asarray(g(x).addressable_shards[0].data)
+        ok = ok and np.array_equal(a, b)
+    return {"equal": bool(ok), "seconds": time.monotonic() - t0}

@@ -168,3 +168,9 @@ def test_mismatched_shapes_across_processes_fail_everywhere_without_hang():
         assert res["seconds"] < timeout + 10, (i, res)
         # the process lives on: the next (well-formed) collective works
         assert res["after"]["ok"] and res["after"]["value"] == res["after"]["expected"], (i, res)
+
+
+def test_xla_collective_after_an_r2ccl_one_in_the_same_program_does_not_deadlock():
+    rs = run_jax_ranks("mixed_program", 2, local=2, timeout=150)
+    for r in rs:
+        assert r["result"]["equal"], r

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "coll/runtime.h"
+#include "ffi/completion.h"
 #include "ffi/handlers.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -67,16 +68,17 @@ xffi::Future collective(xffi::RunId run_id, xffi::AnyBuffer x, xffi::Buffer<xffi
   xffi::Promise promise;
   xffi::Future future(promise);
   c.done = [promise](const Error* e) mutable {
+    // XLA continues the program on the thread that completes the future: never ours.
     if (!e) {
-      promise.SetAvailable();
+      CompletionPool::instance().run([promise]() mutable { promise.SetAvailable(); });
       return;
     }
     std::string msg = std::string("[r2ccl ") + cause_name(e->cause()) +
                       (e->peer() >= 0 ? ", peer " + std::to_string(e->peer()) : std::string()) + "] " + e->what();
-    promise.SetError(xffi::Error(e->cause() == Cause::kInvalidArgument || e->cause() == Cause::kMismatch
-                                     ? xffi::ErrorCode::kInvalidArgument
-                                     : xffi::ErrorCode::kUnavailable,
-                                 msg));
+    auto code = e->cause() == Cause::kInvalidArgument || e->cause() == Cause::kMismatch
+                    ? xffi::ErrorCode::kInvalidArgument
+                    : xffi::ErrorCode::kUnavailable;
+    CompletionPool::instance().run([promise, code, msg]() mutable { promise.SetError(xffi::Error(code, msg)); });
   };
   rt->device_call(std::move(c));
   return future;
