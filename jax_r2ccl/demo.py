@@ -23,13 +23,13 @@ def _parse(argv):
     p.add_argument("--processes", type=int, default=2, help="local processes (default 2)")
     p.add_argument("--devices", type=int, default=2, help="CPU devices per process (default 2)")
     p.add_argument("--steps", type=int, default=300, help="training steps per run (default 300)")
-    p.add_argument("--width", type=int, default=256, help="hidden width of the MLP (default 256)")
+    p.add_argument("--width", type=int, default=512, help="hidden width of the MLP (default 512)")
     p.add_argument("--fail-rail", type=int, default=2, help="rail taken down (default 2)")
     p.add_argument("--fail-step", type=int, default=None, help="step at which it fails (default steps/3)")
-    p.add_argument("--heal-step", type=int, default=None, help="step at which it heals (default 2*steps/3)")
-    p.add_argument("--rail-rate", type=float, default=50.0,
+    p.add_argument("--heal-step", type=int, default=None, help="step at which it heals (default steps/2)")
+    p.add_argument("--rail-rate", type=float, default=10.0,
                    help="software cap per rail in MB/s so a step's all-reduce is in flight long enough "
-                        "for the failure to land inside it (default 50)")
+                        "for the failure to land inside it (default 10)")
     p.add_argument("--process-id", type=int, help=argparse.SUPPRESS)
     p.add_argument("--coordinator", help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
@@ -80,8 +80,8 @@ def _worker(a) -> int:
         # params are replicated (P()); marking them varying makes the gradient per device,
         # so the all-reduce below is the only one (with check_vma on, JAX would otherwise sum
         # the gradient of an invariant value itself, through its own collectives).
-        params = jax.lax.pcast(params, "data", to="varying")
-        loss, grads = jax.value_and_grad(loss_fn)(params, x, y)
+        local = jax.lax.pcast(params, "data", to="varying")
+        loss, grads = jax.value_and_grad(loss_fn)(local, x, y)
         grads = jax_r2ccl.pmean(grads, "data")       # the all-reduce that must survive a NIC failure
         loss = jax_r2ccl.pmean(loss, "data")
         params = jax.tree.map(lambda p, g: p - 0.05 * g, params, grads)
@@ -96,7 +96,7 @@ def _worker(a) -> int:
     xs = jax.make_array_from_callback(X.shape, NamedSharding(mesh, P("data")), lambda i: X[i])
     ys = jax.make_array_from_callback(Y.shape, NamedSharding(mesh, P("data")), lambda i: Y[i])
     fail_step = a.fail_step if a.fail_step is not None else a.steps // 3
-    heal_step = a.heal_step if a.heal_step is not None else 2 * a.steps // 3
+    heal_step = a.heal_step if a.heal_step is not None else a.steps // 2
     n_params = sum(int(np.prod(v.shape)) for v in init_params(jax.random.key(0), a.width).values())
     if me == 0:
         print(f"[demo] {a.processes} processes x {a.devices} CPU devices, MLP with {n_params} parameters "
@@ -112,15 +112,19 @@ def _worker(a) -> int:
         t0 = time.monotonic()
         for i in range(a.steps):
             faulty = run == "with failure" and me == 0 and peers
+            params, loss = step(params, xs, ys)          # dispatched: runs while Python goes on
             if faulty and i == fail_step:
+                time.sleep(0.005)                         # inside this step's gradient all-reduce
                 ep.inject(peers[0], a.fail_rail, "close")
-                print(f"[demo] step {i}: rail {a.fail_rail} to process {peers[0]} taken DOWN", flush=True)
+                inflight = sum(s["inflight_bytes"] for s in ep.rail_stats(peers[0]))
+                print(f"[demo] step {i}: rail {a.fail_rail} to process {peers[0]} taken DOWN "
+                      f"with the all-reduce in flight ({inflight} bytes unacknowledged on the rails)", flush=True)
             if faulty and i == heal_step:
                 ep.inject(peers[0], a.fail_rail, "rate", a.rail_rate * 1e6)
                 print(f"[demo] step {i}: rail {a.fail_rail} healed", flush=True)
-            params, loss = step(params, xs, ys)
             losses.append(np.asarray(loss).item())
-            if me == 0 and (i % 50 == 0 or i == a.steps - 1 or (run == "with failure" and i in (fail_step, heal_step))):
+            if me == 0 and (i % 50 == 0 or i == a.steps - 1 or
+                            (run == "with failure" and i in (fail_step, fail_step + 1, heal_step, heal_step + 20))):
                 rails = " ".join(f"r{s['rail']}:{s['state']}" for s in ep.rail_stats(peers[0])) if peers else ""
                 print(f"[demo] {run:>12s} step {i:4d} loss {losses[-1]:.7f}  rails to process "
                       f"{peers[0] if peers else '-'}: {rails}", flush=True)
