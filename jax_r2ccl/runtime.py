@@ -16,6 +16,7 @@ from .errors import R2cclError
 FFI_TARGET = "r2ccl_collective"
 _lock = threading.Lock()
 _state: dict = {}
+_generation = [0]   # initialize/shutdown cycles: barrier names must not repeat
 
 
 def initialize(*, nics: Sequence[str] | None = None, config: Config | None = None, timeout: float | None = None):
@@ -32,8 +33,10 @@ def initialize(*, nics: Sequence[str] | None = None, config: Config | None = Non
             rank, world = process_index_and_count()
         except Exception:  # noqa: BLE001 - jax.distributed not initialized
             rank, world = 0, 1
+        _generation[0] += 1
         if world > 1:
-            ep = bootstrap.connect_jax(nics=nics, config=config, prefix="r2ccl/runtime", timeout=timeout)
+            ep = bootstrap.connect_jax(nics=nics, config=config, prefix=f"r2ccl/runtime/{_generation[0]}",
+                                       timeout=timeout)
         else:
             from .transport import Endpoint
             ep = Endpoint(0, 1, nics=nics or ["127.0.0.1"], secret=Endpoint.new_secret(), config=config)
@@ -50,11 +53,24 @@ def is_initialized() -> bool:
     return "endpoint" in _state
 
 
-def shutdown() -> None:
-    """Stops the runtime (collectives in flight fail with a clear error)."""
+def shutdown(timeout: float | None = None) -> None:
+    """Waits for this process's dispatched computations (jax.effects_barrier) and for every
+    process to get here, then stops the runtime. Idempotent."""
     with _lock:
         if "endpoint" not in _state:
             return
+        import jax
+        try:
+            jax.effects_barrier()
+        except Exception:  # noqa: BLE001 - a failed collective was already reported to its caller
+            pass
+        if _state.get("world", 1) > 1:
+            try:
+                from ._compat.jax_kv import distributed_client
+                wait_s = _state["config"].timeout_s if timeout is None else timeout
+                distributed_client().wait_at_barrier(f"r2ccl/runtime/shutdown/{_generation[0]}", int(wait_s * 1000))
+            except Exception:  # noqa: BLE001 - a peer that is gone must not hold this one
+                pass
         _core.runtime_uninstall()
         _state["executor"].close()
         _state["endpoint"].close()
