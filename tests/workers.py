@@ -452,3 +452,17 @@ def host_mismatch(ep, rank, world, what):
     res = hc.run("all_reduce", [np.full(10, rank + 1, np.int64)], process_of_rank=list(range(world)), my_ranks=[rank])
     out["after"] = res[0].tolist()
     return out
+
+
+def host_latency(ep, rank, world, n=2, iters=300):
+    """Median time of a tiny all-reduce through the host-level API (no JAX)."""
+    from jax_r2ccl.host_collectives import HostCollectives
+    hc = HostCollectives(ep)
+    x = [np.ones(n, np.float32)]
+    ts = []
+    for i in range(iters):
+        t0 = time.perf_counter()
+        hc.run("all_reduce", x, process_of_rank=list(range(world)), my_ranks=[rank])
+        ts.append(time.perf_counter() - t0)
+    barrier(ep, rank, world)
+    return {"median_us": float(np.median(ts[20:]) * 1e6)}

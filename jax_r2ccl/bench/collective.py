@@ -71,7 +71,9 @@ def _build(impl: str, op: str, mesh, jax, P):
         body, out_spec = (lambda a: fn(a, "x", scatter_dimension=0, tiled=True)), P("x")
     else:
         body, out_spec = (lambda a: fn(a, "x", 0, 0, tiled=True)), P("x")
-    return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("x"), out_specs=out_spec))
+    # check_vma off: the same program for both implementations, whatever each one's typing of
+    # gathered results (the check below reads every element anyway).
+    return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("x"), out_specs=out_spec, check_vma=False))
 
 
 def main(args: argparse.Namespace) -> int:
