@@ -94,9 +94,12 @@ def main(args: argparse.Namespace) -> int:
     rows, iterations, fault = [], [], None
     esize = np.dtype(dtype).itemsize
     for size in args.sizes:
-        count = max(1, size // esize)
+        # nccl-tests' convention: size is the send buffer of reduce-scatter and all-to-all and
+        # the receive buffer of all-gather (n times each rank's input).
+        count = max(1, size // esize // n) if op == "allgather" else max(1, size // esize)
         if op in ("reducescatter", "alltoall"):
             count = max(n, count - count % n)
+        total = count * esize * (n if op == "allgather" else 1)
         sharding = NamedSharding(mesh, P("x"))
         local = {r: _rank_pattern(count, r, dtype) for r in local_ranks}
         x = jax.make_array_from_callback((n * count,), sharding, lambda idx: local[idx[0].start // count])
@@ -129,12 +132,12 @@ def main(args: argparse.Namespace) -> int:
                     bad += int(not ok)
                 wrong += int(bad > 0)
                 times.append(t1 - t0)
-                iterations.append({"impl": impl, "op": op, "size_bytes": count * esize, "iter": it - args.warmup,
+                iterations.append({"impl": impl, "op": op, "size_bytes": total, "iter": it - args.warmup,
                                    "t_start": time.time() - (t1 - t0), "t_end": time.time(), "wrong": int(bad > 0)})
             med = median(times)
-            algbw = count * esize / med / 1e9
-            rows.append({"impl": impl, "op": op, "size_bytes": count * esize, "size": format_size(count * esize),
-                         "count": count, "type": np.dtype(dtype).name, "redop": "sum" if op in
+            algbw = total / med / 1e9
+            rows.append({"impl": impl, "op": op, "size_bytes": total, "size": format_size(total),
+                         "count": total // esize, "type": np.dtype(dtype).name, "redop": "sum" if op in
                          ("allreduce", "reducescatter") else "none", "iters": args.iters,
                          "time_us_median": med * 1e6, "algbw_GBps": algbw, "busbw_GBps": algbw * OPS[op][1](n),
                          "wrong": wrong})
