@@ -296,30 +296,31 @@ class Executor::Op {
            reduce_op_name(op) + ", root " + std::to_string(s[2]) + ")";
   }
 
+  // Separate signature messages (large collectives; small all-reduces carry theirs in front
+  // of their data, see reduce_segment_all).
   void exchange_signatures() {
-    my_sig_ = signature();
     if (procs_.size() < 2) return;
     uint64_t tag = mix_tag(c_.tag, 0, 0, 0, 0);
-    peer_sigs_.resize(procs_.size() - 1);
-    size_t slot = 0;
     for (int q : procs_) {
       if (q == me_) continue;
-      send(q, tag, my_sig_.data(), sizeof my_sig_);
-      sig_msgs_.push_back({recv(q, tag, peer_sigs_[slot].data(), sizeof my_sig_), q});
-      slot++;
+      send(q, tag, my_sig_.data(), kSigBytes);
+      uint8_t* b = temp(kSigBytes);
+      sig_msgs_.push_back({recv(q, tag, b, kSigBytes), q, b});
     }
   }
 
-  // Returns false (after failing the call) when a peer's signature differs.
+  // Returns false (after failing the call) when a peer's signature differs. Note: the fold of
+  // a small all-reduce may already have run; finish() reports the error instead of a result.
   bool signatures_agree() {
-    for (size_t i = 0; i < sig_msgs_.size(); i++) {
-      auto [mi, q] = sig_msgs_[i];
-      if (!msgs_[mi].req->finished() || msgs_[mi].req->failed()) continue;
-      if (peer_sigs_[i] != my_sig_) {
-        Error e(Cause::kMismatch, q,
-                "process " + std::to_string(q) + " called " + describe_signature(peer_sigs_[i]) + " but process " +
-                    std::to_string(me_) + " called " + describe_signature(my_sig_) +
-                    (peer_sigs_[i][3] != my_sig_[3] ? " over a different group" : "") +
+    for (const SigMsg& sm : sig_msgs_) {
+      if (!msgs_[sm.msg].req->finished() || msgs_[sm.msg].req->failed()) continue;
+      std::array<uint64_t, 4> peer;
+      std::memcpy(peer.data(), sm.where, kSigBytes);
+      if (peer != my_sig_) {
+        Error e(Cause::kMismatch, sm.peer_process,
+                "process " + std::to_string(sm.peer_process) + " called " + describe_signature(peer) +
+                    " but process " + std::to_string(me_) + " called " + describe_signature(my_sig_) +
+                    (peer[3] != my_sig_[3] ? " over a different group" : "") +
                     (c_.what.empty() ? "" : " [" + c_.what + "]"));
         finish(&e);
         return false;
@@ -329,10 +330,12 @@ class Executor::Op {
   }
 
   void plan() {
-    exchange_signatures();
+    my_sig_ = signature();
     const int n = static_cast<int>(c_.process_of_rank.size());
     const int P = static_cast<int>(procs_.size());
     const uint64_t N = c_.count;
+    const bool small_all_reduce = c_.kind == Kind::kAllReduce && N * esize_ <= opt_.small_bytes;
+    if (!small_all_reduce) exchange_signatures();
     switch (c_.kind) {
       case Kind::kAllReduce: {
         // Inputs that alias outputs must be copied: other shards' results land in out[0].
@@ -340,7 +343,7 @@ class Executor::Op {
         for (size_t i = 0; i < c_.in.size(); i++)
           for (size_t j = 0; j < c_.out.size(); j++) alias |= overlaps(c_.in[i], N * esize_, c_.out[j], N * esize_);
         const uint8_t* S = local_sum(N, alias && P > 1);
-        if (P == 1 || N * esize_ <= opt_.small_bytes) {
+        if (P == 1 || small_all_reduce) {
           // One step: every process gets every S_p and folds them in canonical order.
           reduce_segment_all(S, N);
         } else {
@@ -422,25 +425,32 @@ class Executor::Op {
     }
   }
 
-  // Small all-reduce: every process sends S_p to every other, all fold the same sequence.
+  // Small all-reduce: every process sends [signature | S_p] to every other in one message,
+  // and all fold the same sequence (one message each way: the latency path).
   void reduce_segment_all(const uint8_t* S, uint64_t N) {
     const int P = static_cast<int>(procs_.size());
+    const uint64_t bytes = N * esize_, framed = kSigBytes + bytes;
     Piece pc;
     pc.elems = N;
     pc.dest = c_.out[0];
     uint64_t tag = mix_tag(c_.tag, 9, 0, 0, 0);
-    for (int q : procs_)
-      if (q != me_) send(q, tag, S, N * esize_);
-    uint8_t* rbuf = P > 1 ? temp(static_cast<uint64_t>(P - 1) * N * esize_) : nullptr;
-    int slot = 0;
+    if (P > 1) {
+      uint8_t* out = temp(framed);
+      std::memcpy(out, my_sig_.data(), kSigBytes);
+      if (bytes) std::memcpy(out + kSigBytes, S, bytes);
+      for (int q : procs_)
+        if (q != me_) send(q, tag, out, framed);
+    }
     for (int qi = 0; qi < P; qi++) {
       if (procs_[qi] == me_) {
         pc.src.push_back(S);
         pc.msg.push_back(-1);
       } else {
-        uint8_t* b = rbuf + static_cast<uint64_t>(slot++) * N * esize_;
-        pc.msg.push_back(recv(procs_[qi], tag, b, N * esize_));
-        pc.src.push_back(b);
+        uint8_t* b = temp(framed);
+        int mi = recv(procs_[qi], tag, b, framed);
+        sig_msgs_.push_back({mi, procs_[qi], b});
+        pc.msg.push_back(mi);
+        pc.src.push_back(b + kSigBytes);
       }
     }
     bool dest_is_source = overlaps(pc.dest, N * esize_, S, N * esize_);
@@ -463,8 +473,13 @@ class Executor::Op {
   std::vector<Copy> final_copies_;
   std::deque<std::vector<uint8_t>> temps_;
   std::array<uint64_t, 4> my_sig_{};
-  std::vector<std::array<uint64_t, 4>> peer_sigs_;
-  std::vector<std::pair<int, int>> sig_msgs_;   // (message index, peer process)
+  struct SigMsg {
+    int msg;                 // message index
+    int peer_process;
+    const uint8_t* where;    // the peer's signature once the message arrived
+  };
+  std::vector<SigMsg> sig_msgs_;
+  static constexpr uint64_t kSigBytes = 32;
 };
 
 Executor::Executor(Endpoint& ep, int my_process, CollectiveOptions opt)
