@@ -30,8 +30,10 @@ SETTINGS: tuple[Setting, ...] = (
             "Transport backend: socket (TCP). ibverbs is not built yet."),
     Setting("R2CCL_CHUNK_BYTES", "chunk_bytes", int, 256 << 10,
             "Payload bytes per chunk; chunks are dealt to rails by weight."),
-    Setting("R2CCL_RAIL_WINDOW_BYTES", "rail_window_bytes", int, 4 << 20,
-            "Unacknowledged bytes one rail may carry; what a failure re-sends at most per rail."),
+    Setting("R2CCL_RAIL_WINDOW_BYTES", "rail_window_bytes", int, 1 << 20,
+            "Unacknowledged bytes one rail may carry (what a failure re-sends at most per rail). Keep "
+            "it near the bandwidth-delay product: more only fills switch and qdisc queues, which delays "
+            "the acks of traffic in the other direction (measured: 4 MiB cost 12% of all-reduce busbw)."),
     Setting("R2CCL_CONNS_PER_NIC", "conns_per_nic", int, 1,
             "TCP connections per NIC pair (each is a rail of its own)."),
     Setting("R2CCL_TIMEOUT", "timeout_s", float, 30.0,
@@ -92,7 +94,7 @@ class Config:
     nics: str = ""
     transport: str = "socket"
     chunk_bytes: int = 256 << 10
-    rail_window_bytes: int = 4 << 20
+    rail_window_bytes: int = 1 << 20
     conns_per_nic: int = 1
     timeout_s: float = 30.0
     bootstrap_timeout_s: float = 300.0
