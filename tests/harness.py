@@ -40,6 +40,12 @@ def run_ranks(func: str, world: int, *, nics=None, config: dict | None = None, a
     """
     cfg = dict(FAST)
     cfg.update(config or {})
+    import cluster
+    if cluster.active():
+        why = ("kills a rank" if may_die else "uses the local network-namespace test bed" if netns else
+               "needs per-rank NIC lists" if per_rank_nics else None)
+        return cluster.run_ranks(func, world, config=cfg, args=args or {}, timeout=timeout, expect_fail=expect_fail,
+                                 unsupported=why)
     with tempfile.TemporaryDirectory(prefix="r2ccl-test-") as tmp:
         procs = []
         for rank in range(world):

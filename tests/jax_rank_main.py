@@ -50,6 +50,10 @@ def run_jax_ranks(func: str, world: int, *, local: int = 1, args: dict | None = 
     expect_fail) a worker exception."""
     cfg = dict(FAST)
     cfg.update(config or {})
+    import cluster
+    if cluster.active():
+        return cluster.run_jax_ranks(func, world, local=local, args=args or {}, config=cfg, timeout=timeout,
+                                     expect_fail=expect_fail)
     port = _free_port()
     with tempfile.TemporaryDirectory(prefix="r2ccl-jax-") as tmp:
         procs = []
