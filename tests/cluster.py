@@ -43,6 +43,12 @@ def _init():
     return _state
 
 
+def runtime_timeout() -> float:
+    """R2CCL_TIMEOUT of the one jax_r2ccl runtime this multi-host run shares between tests."""
+    from jax_r2ccl import runtime
+    return float(runtime._state["config"].timeout_s)
+
+
 def _next_prefix(kind: str) -> str:
     st = _init()
     st["calls"] += 1

@@ -102,7 +102,9 @@ def test_strangers_on_the_listen_port_are_rejected_and_the_transfer_is_exact():
     assert r["exact"]
     # nobody but the job got a challenge: garbage and foreign jobs get nothing back
     assert r["answers"]["garbage"] == 0 and r["answers"]["http"] == 0 and r["answers"]["other_job"] == 0, r
-    assert "rejected connection" in rs[1]["output"]
+    import cluster
+    if not cluster.active():   # multi-host mode runs ranks in-process: their log is the host's stderr
+        assert "rejected connection" in rs[1]["output"]
     assert all(s["failures"] == 0 for s in r["stats"]), r["stats"]
 
 
