@@ -92,21 +92,43 @@ bool overlaps(const void* a, uint64_t an, const void* b, uint64_t bn) {
 
 class Executor::Op {
  public:
-  Op(Endpoint& ep, ProcessCall c, int my_process, const CollectiveOptions& opt, std::function<void()> wake)
-      : ep_(ep), c_(std::move(c)), me_(my_process), opt_(opt), wake_(std::move(wake)), esize_(dtype_size(c_.dtype)) {
+  Op(Endpoint& ep, ProcessCall c, int my_process, const CollectiveOptions& opt)
+      : ep_(ep), c_(std::move(c)), me_(my_process), opt_(opt), esize_(dtype_size(c_.dtype)) {
     deadline_ns_ = mono_ns() + static_cast<int64_t>(c_.timeout_s * kNs);
     for (int p : c_.process_of_rank)
       if (std::find(procs_.begin(), procs_.end(), p) == procs_.end()) procs_.push_back(p);
     mi_ = static_cast<int>(std::find(procs_.begin(), procs_.end(), me_) - procs_.begin());
   }
 
+  void set_wake(std::function<void()> wake) { wake_ = std::move(wake); }
+
   // Posts what can be posted; returns true when the op already finished.
   bool start() {
+    std::lock_guard<std::mutex> g(step_mu_);
     try {
       plan();
     } catch (const Error& e) {
       return finish(&e);
     }
+    return step();
+  }
+
+  bool step_locked() {
+    std::lock_guard<std::mutex> g(step_mu_);
+    return step();
+  }
+
+  // Called on the engine thread when one of this op's messages finished. A small all-reduce
+  // whose messages all arrived intact completes right here (a small fold, then handing the
+  // result over): one thread hop less on the latency path. Everything else, failures
+  // included (they cancel requests, which must not happen on the engine thread), goes to
+  // the executor. Returns false when the executor must take it.
+  bool try_complete_inline() {
+    if (!inline_ok_) return false;
+    std::unique_lock<std::mutex> lk(step_mu_, std::try_to_lock);
+    if (!lk.owns_lock() || finished_) return false;
+    for (auto& m : msgs_)
+      if (!m.req->finished() || m.req->failed()) return false;
     return step();
   }
 
@@ -335,6 +357,7 @@ class Executor::Op {
     const int P = static_cast<int>(procs_.size());
     const uint64_t N = c_.count;
     const bool small_all_reduce = c_.kind == Kind::kAllReduce && N * esize_ <= opt_.small_bytes;
+    inline_ok_ = small_all_reduce && P > 1;
     if (!small_all_reduce) exchange_signatures();
     switch (c_.kind) {
       case Kind::kAllReduce: {
@@ -463,6 +486,8 @@ class Executor::Op {
   int me_;
   CollectiveOptions opt_;
   std::function<void()> wake_;
+  std::mutex step_mu_;       // step() runs on the executor, or inline on the engine thread
+  bool inline_ok_ = false;
   size_t esize_;
   std::vector<int> procs_;   // processes of the group in canonical order
   int mi_ = 0;
@@ -506,7 +531,11 @@ void Executor::submit(ProcessCall call) {
     if (call.done) call.done(&e);
     return;
   }
-  auto op = std::make_unique<Op>(ep_, std::move(call), my_process_, opt_, [this] {
+  auto op = std::make_shared<Op>(ep_, std::move(call), my_process_, opt_);
+  std::weak_ptr<Op> weak = op;
+  op->set_wake([this, weak] {
+    if (auto o = weak.lock())
+      if (o->try_complete_inline()) return;
     {
       std::lock_guard<std::mutex> g(mu_);
       wake_ = true;
@@ -545,7 +574,7 @@ void Executor::run(ProcessCall call) {
 }
 
 void Executor::loop() {
-  std::vector<std::unique_ptr<Op>> active, fresh;
+  std::vector<std::shared_ptr<Op>> active, fresh;
   for (;;) {
     {
       std::unique_lock<std::mutex> lk(mu_);
@@ -563,7 +592,7 @@ void Executor::loop() {
     for (auto& op : fresh) active.push_back(std::move(op));
     fresh.clear();
     for (size_t i = 0; i < active.size();) {
-      if (active[i]->step()) {
+      if (active[i]->step_locked()) {
         active.erase(active.begin() + static_cast<long>(i));
       } else {
         i++;

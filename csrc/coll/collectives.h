@@ -83,7 +83,7 @@ class Executor {
   std::condition_variable cv_;
   bool wake_ = false;
   bool stop_ = false;
-  std::deque<std::unique_ptr<Op>> incoming_;
+  std::deque<std::shared_ptr<Op>> incoming_;
   std::thread thread_;
 };
 
