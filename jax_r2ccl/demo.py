@@ -10,9 +10,7 @@ from __future__ import annotations
 import argparse
 import os
 import socket
-import subprocess
 import sys
-import tempfile
 import time
 
 NICS = "127.0.0.1,127.0.0.2,127.0.0.3,127.0.0.4"
@@ -156,20 +154,11 @@ def main(argv=None) -> int:
     if a.process_id is not None:
         return _worker(a)
     coordinator = f"127.0.0.1:{_free_port()}"
-    env = dict(os.environ)
-    procs = [subprocess.Popen([sys.executable, "-m", "jax_r2ccl", "demo", *argv, "--process-id", str(i),
-                               "--coordinator", coordinator], env=env) for i in range(a.processes)]
-    deadline = time.monotonic() + 600
-    codes = []
-    for p in procs:
-        try:
-            codes.append(p.wait(timeout=max(1.0, deadline - time.monotonic())))
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                if q.poll() is None:
-                    q.kill()
-            print("demo: timed out after 600 s", file=sys.stderr)
-            return 1
+    from .demo_transport import launch
+    codes = launch([[sys.executable, "-m", "jax_r2ccl", "demo", *argv, "--process-id", str(i),
+                     "--coordinator", coordinator] for i in range(a.processes)], dict(os.environ), 600)
+    if codes is None:
+        return 1
     ok = all(c == 0 for c in codes)
     print("demo: PASS (loss curve bit-identical through a rail failure)" if ok else f"demo: FAIL (exit codes {codes})")
     return 0 if ok else 1

@@ -109,6 +109,24 @@ def _rank_main(a) -> int:
         ep.close()
 
 
+def launch(cmds, env, timeout_s: float):
+    """Starts one process per command and waits for all; on the deadline ends the ones still
+    running (ours, by PID) and returns None. Returns the exit codes otherwise."""
+    procs = [subprocess.Popen(c, env=env) for c in cmds]
+    deadline = time.monotonic() + timeout_s
+    codes = []
+    for p in procs:
+        try:
+            codes.append(p.wait(timeout=max(1.0, deadline - time.monotonic())))
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                if q.poll() is None:
+                    q.kill()
+            print(f"demo: timed out after {timeout_s:g} s", file=sys.stderr)
+            return None
+    return codes
+
+
 def main(argv=None) -> int:
     a = _parse(sys.argv[1:] if argv is None else argv)
     if a.rank is not None:
@@ -117,18 +135,9 @@ def main(argv=None) -> int:
         env = dict(os.environ)
         env.setdefault("JAX_PLATFORMS", "cpu")
         base = [sys.executable, "-m", "jax_r2ccl", "demo", "--transport", "--kv", kv] + (argv if argv is not None else sys.argv[1:])
-        procs = [subprocess.Popen(base + ["--rank", str(r)], env=env) for r in range(2)]
-        deadline = time.monotonic() + 300
-        codes = []
-        for p in procs:
-            try:
-                codes.append(p.wait(timeout=max(1.0, deadline - time.monotonic())))
-            except subprocess.TimeoutExpired:
-                for q in procs:
-                    if q.poll() is None:
-                        q.kill()
-                print("demo: timed out after 300 s", file=sys.stderr)
-                return 1
+        codes = launch([base + ["--rank", str(r)] for r in range(2)], env, 300)
+    if codes is None:
+        return 1
     ok = all(c == 0 for c in codes)
     print("demo: PASS (bit-exact through a rail failure)" if ok else f"demo: FAIL (exit codes {codes})")
     return 0 if ok else 1
