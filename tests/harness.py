@@ -28,6 +28,25 @@ class RankFailed(AssertionError):
     pass
 
 
+def wait_all(procs: list, timeout: float, func: str) -> list[str]:
+    """Waits for every process (each in its own session) and returns their outputs; on the
+    deadline kills the ones still running, by process group, and raises RankFailed."""
+    deadline = time.monotonic() + timeout
+    outputs = [""] * len(procs)
+    for i, p in enumerate(procs):
+        try:
+            outputs[i] = p.communicate(timeout=max(0.1, deadline - time.monotonic()))[0].decode(errors="replace")
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                if q.poll() is None:
+                    os.killpg(q.pid, signal.SIGKILL)
+            for j, q in enumerate(procs):
+                outputs[j] = outputs[j] or q.communicate()[0].decode(errors="replace")
+            raise RankFailed(f"{func}: processes still running after {timeout} s (killed)\n" +
+                             "\n".join(f"--- process {j}\n{o[-4000:]}" for j, o in enumerate(outputs))) from None
+    return outputs
+
+
 def run_ranks(func: str, world: int, *, nics=None, config: dict | None = None, args: dict | None = None,
               timeout: float = 60.0, per_rank_nics: list | None = None, env: dict | None = None,
               netns: list | None = None, expect_fail: bool = False, may_die=()) -> list[dict]:
@@ -63,24 +82,7 @@ def run_ranks(func: str, world: int, *, nics=None, config: dict | None = None, a
             e.update(env or {})
             procs.append((subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                            env=e, start_new_session=True), spec))
-        deadline = time.monotonic() + timeout
-        outputs = [""] * world
-        timed_out = False
-        for i, (p, _) in enumerate(procs):
-            left = max(0.1, deadline - time.monotonic())
-            try:
-                outputs[i] = p.communicate(timeout=left)[0].decode(errors="replace")
-            except subprocess.TimeoutExpired:
-                timed_out = True
-                break
-        if timed_out:
-            for p, _ in procs:
-                if p.poll() is None:
-                    os.killpg(p.pid, signal.SIGKILL)
-            for i, (p, _) in enumerate(procs):
-                outputs[i] = outputs[i] or p.communicate()[0].decode(errors="replace")
-            raise RankFailed(f"{func}: ranks still running after {timeout} s (killed)\n" +
-                             "\n".join(f"--- rank {i}\n{o[-3000:]}" for i, o in enumerate(outputs)))
+        outputs = wait_all([p for p, _ in procs], timeout, func)
         results = []
         for i, (p, spec) in enumerate(procs):
             try:

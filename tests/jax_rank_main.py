@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -28,8 +27,7 @@ FAST = dict(timeout_s=20.0, bootstrap_timeout_s=60.0, heartbeat_ms=100, stall_ms
             connect_timeout_ms=2000)
 
 
-class RankFailed(AssertionError):
-    pass
+from harness import RankFailed, wait_all  # noqa: E402  (one launcher for both kinds of test)
 
 
 def _free_port() -> int:
@@ -71,23 +69,7 @@ def run_jax_ranks(func: str, world: int, *, local: int = 1, args: dict | None = 
             procs.append((subprocess.Popen([sys.executable, os.path.join(HERE, "jax_rank_main.py"), path],
                                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
                                            start_new_session=True), spec))
-        deadline = time.monotonic() + timeout
-        outputs = [""] * world
-        timed_out = False
-        for i, (p, _) in enumerate(procs):
-            try:
-                outputs[i] = p.communicate(timeout=max(0.1, deadline - time.monotonic()))[0].decode(errors="replace")
-            except subprocess.TimeoutExpired:
-                timed_out = True
-                break
-        if timed_out:
-            for p, _ in procs:
-                if p.poll() is None:
-                    os.killpg(p.pid, signal.SIGKILL)
-            for i, (p, _) in enumerate(procs):
-                outputs[i] = outputs[i] or p.communicate()[0].decode(errors="replace")
-            raise RankFailed(f"{func}: processes still running after {timeout} s (killed)\n" +
-                             "\n".join(f"--- process {i}\n{o[-4000:]}" for i, o in enumerate(outputs)))
+        outputs = wait_all([p for p, _ in procs], timeout, func)
         results = []
         for i, (p, spec) in enumerate(procs):
             try:
