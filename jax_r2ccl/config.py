@@ -64,6 +64,10 @@ SETTINGS: tuple[Setting, ...] = (
             "First listen port (NIC i listens on PORT+i); 0 picks free ports."),
     Setting("R2CCL_MAX_MESSAGE_BYTES", "max_message_bytes", int, 1 << 36,
             "Largest message a receiver accepts from the network."),
+    Setting("R2CCL_SYNC_WAIT_US", "sync_wait_us", int, 1000,
+            "Microseconds XLA's thread waits inside the custom call for a small collective (<= 64 "
+            "KiB) that is the process's only one in flight, so the program continues on that thread "
+            "without a hand-over (latency); after that the call completes asynchronously. 0: never wait."),
     Setting("R2CCL_SECRET", "secret", str, "",
             "The job secret (hex). Empty: rank 0 makes a random one and shares it at bootstrap."),
     Setting("R2CCL_DEBUG", "debug", str, "WARN",
@@ -109,6 +113,7 @@ class Config:
     bind_device: bool = True
     port: int = 0
     max_message_bytes: int = 1 << 36
+    sync_wait_us: int = 1000
     secret: str = ""
     debug: str = "WARN"
 

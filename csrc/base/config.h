@@ -23,6 +23,7 @@ struct Config {
   bool bind_device = true;                   // R2CCL_BIND_DEVICE: SO_BINDTODEVICE when a NIC has a name
   int port = 0;                              // R2CCL_PORT: first listen port (0: any free port)
   uint64_t max_message_bytes = 1ull << 36;   // R2CCL_MAX_MESSAGE_BYTES: largest message accepted
+  int sync_wait_us = 1000;                   // R2CCL_SYNC_WAIT_US: XLA's thread waits this long for a lone small collective
   int debug_level = 1;                       // R2CCL_DEBUG: 0 ERROR, 1 WARN, 2 INFO, 3 TRACE
 
   // Returns an empty string when every field is in range, else a sentence naming the field.

@@ -5,6 +5,7 @@
 #include "coll/collectives.h"
 
 #include <algorithm>
+#include <atomic>
 #include <array>
 #include <chrono>
 #include <cstring>
@@ -125,12 +126,20 @@ class Executor::Op {
   // the executor. Returns false when the executor must take it.
   bool try_complete_inline() {
     if (!inline_ok_) return false;
+    wants_executor_.store(true);   // cleared below when it completes here
     std::unique_lock<std::mutex> lk(step_mu_, std::try_to_lock);
     if (!lk.owns_lock() || finished_) return false;
     for (auto& m : msgs_)
       if (!m.req->finished() || m.req->failed()) return false;
-    return step();
+    if (!step()) return false;
+    wants_executor_.store(false);
+    return true;
   }
+
+  // A small all-reduce normally completes on the engine thread; the executor holds it only
+  // for its deadline, and is woken for it only when the engine thread handed it over.
+  bool completes_inline() const { return inline_ok_; }
+  bool wants_executor() const { return wants_executor_.load(); }
 
   // Folds what arrived, posts follow-ups; returns true when finished (done has run).
   bool step() {
@@ -488,6 +497,7 @@ class Executor::Op {
   std::function<void()> wake_;
   std::mutex step_mu_;       // step() runs on the executor, or inline on the engine thread
   bool inline_ok_ = false;
+  std::atomic<bool> wants_executor_{false};
   size_t esize_;
   std::vector<int> procs_;   // processes of the group in canonical order
   int mi_ = 0;
@@ -549,12 +559,15 @@ void Executor::submit(ProcessCall call) {
   // Post the first messages from the caller's thread: one thread hop less on the latency
   // path of small collectives. The executor thread takes over from the next completion.
   if (op->start()) return;
+  bool wake;
   {
     std::lock_guard<std::mutex> g(mu_);
+    // A wake-up the engine thread sent before this push may already be consumed: ask the op.
+    wake = !op->completes_inline() || op->wants_executor();
     incoming_.push_back(std::move(op));
-    wake_ = true;
+    wake_ = wake_ || wake;
   }
-  cv_.notify_one();
+  if (wake) cv_.notify_one();
 }
 
 void Executor::run(ProcessCall call) {

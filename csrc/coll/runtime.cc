@@ -44,11 +44,15 @@ void Runtime::register_comm(uint64_t comm_id, std::vector<std::vector<int>> grou
   comms_[comm_id] = Comm{std::move(groups), std::move(name)};
 }
 
-void Runtime::device_call(DeviceCall call) {
+const Config& Runtime::config() const { return ep_.config(); }
+
+bool Runtime::device_call(DeviceCall call) {
   auto fail = [&](Cause c, const std::string& why) {
     Error e(c, -1, why);
     if (call.done) call.done(&e);
+    return true;
   };
+  bool alone = false;
   ProcessCall pc;
   std::vector<DeviceCall> ready;
   {
@@ -91,12 +95,14 @@ void Runtime::device_call(DeviceCall call) {
         Error e(Cause::kMismatch, -1, why);
         for (auto& c : all)
           if (c.done) c.done(&e);
-        return;
+        return true;
       }
     }
     p.calls.push_back(std::move(call));
     size_t local = static_cast<size_t>(std::count(members.begin(), members.end(), my_process_));
-    if (p.calls.size() < local) return;
+    if (p.calls.size() < local) return in_flight_->load() == 0 && pending_.size() == 1;
+    alone = in_flight_->load() == 0 && pending_.size() == 1;
+    in_flight_->fetch_add(1);
     ready = std::move(p.calls);
     pending_.erase(key);
     std::sort(ready.begin(), ready.end(), [](const DeviceCall& x, const DeviceCall& y) { return x.rank < y.rank; });
@@ -122,11 +128,13 @@ void Runtime::device_call(DeviceCall call) {
     }
   }
   auto calls = std::make_shared<std::vector<DeviceCall>>(std::move(ready));
-  pc.done = [calls](const Error* e) {
+  pc.done = [in_flight = in_flight_, calls](const Error* e) {
+    in_flight->fetch_sub(1);
     for (auto& c : *calls)
       if (c.done) c.done(e);
   };
   ex_.submit(std::move(pc));
+  return alone;
 }
 
 }  // namespace r2ccl::coll

@@ -4,6 +4,7 @@
 // by (communicator, group, run, op, k-th execution) — never by arrival order.
 // Knows nothing of sockets or JAX.
 #pragma once
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -45,8 +46,12 @@ class Runtime {
   // groups[g][r] = the process of rank r of group g. Registering the same id again with the
   // same layout is a no-op; with another layout it is an error.
   void register_comm(uint64_t comm_id, std::vector<std::vector<int>> groups, std::string name);
-  void device_call(DeviceCall call);
+  // Hands one local rank's call over; `done` runs later (or at once on an error). Returns
+  // true when this call is the only collective of the process in flight (its local
+  // rendezvous aside): the caller may then wait for it briefly (see R2CCL_SYNC_WAIT_US).
+  bool device_call(DeviceCall call);
   int my_process() const { return my_process_; }
+  const Config& config() const;
 
  private:
   struct Comm {
@@ -68,6 +73,9 @@ class Runtime {
   // k-th execution of (comm, group, rank, op) within a run; runs are forgotten oldest first.
   std::map<uint64_t, std::map<std::tuple<uint64_t, int64_t, int64_t, uint64_t>, uint64_t>> counts_;
   std::vector<uint64_t> run_order_;
+  // Process-level calls handed to the executor and not yet done (shared: a call may finish
+  // after this runtime was uninstalled).
+  std::shared_ptr<std::atomic<int>> in_flight_ = std::make_shared<std::atomic<int>>(0);
 };
 
 }  // namespace r2ccl::coll

@@ -82,10 +82,15 @@ Engine::~Engine() {
 }
 
 void Engine::post(std::function<void()> fn) {
+  bool first;
   {
     std::lock_guard<std::mutex> g(cmd_mu_);
+    first = cmds_.empty();
     cmds_.push_back(std::move(fn));
   }
+  // Commands already queued mean their poster's wake-up is pending (the engine takes the
+  // whole queue at once after reading the eventfd): one write per batch, not per command.
+  if (!first) return;
   uint64_t one = 1;
   ssize_t w = ::write(wakefd_, &one, sizeof one);
   (void)w;

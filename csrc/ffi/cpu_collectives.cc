@@ -5,7 +5,11 @@
 //
 // Operands: x (any supported dtype), group (s32 scalar), rank (s32 scalar).
 // Result: the collective's output. Attributes: comm_id, op_id, kind, reduce_op, root (i64).
+#include <chrono>
+#include <condition_variable>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <string>
 
 #include "coll/runtime.h"
@@ -17,6 +21,19 @@ namespace xffi = xla::ffi;
 
 namespace r2ccl::ffi {
 namespace {
+
+// Collectives up to this size may be waited for on XLA's thread (R2CCL_SYNC_WAIT_US).
+constexpr uint64_t kSyncWaitMaxBytes = 64 << 10;
+
+// Who completes a call's future: XLA's thread, while it still waits in the handler, or the
+// completion pool afterwards.
+struct Waiter {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool waiting = true;
+  bool done = false;
+  std::optional<xffi::Error> error;
+};
 
 bool to_dtype(xffi::DataType t, coll::DType* out) {
   using coll::DType;
@@ -67,20 +84,49 @@ xffi::Future collective(xffi::RunId run_id, xffi::AnyBuffer x, xffi::Buffer<xffi
   c.count = x.element_count();
   xffi::Promise promise;
   xffi::Future future(promise);
-  c.done = [promise](const Error* e) mutable {
-    // XLA continues the program on the thread that completes the future: never ours.
-    if (!e) {
-      CompletionPool::instance().run([promise]() mutable { promise.SetAvailable(); });
-      return;
+  auto w = std::make_shared<Waiter>();
+  c.done = [promise, w](const Error* e) mutable {
+    std::optional<xffi::Error> err;
+    if (e) {
+      std::string msg = std::string("[r2ccl ") + cause_name(e->cause()) +
+                        (e->peer() >= 0 ? ", peer " + std::to_string(e->peer()) : std::string()) + "] " + e->what();
+      auto code = e->cause() == Cause::kInvalidArgument || e->cause() == Cause::kMismatch
+                      ? xffi::ErrorCode::kInvalidArgument
+                      : xffi::ErrorCode::kUnavailable;
+      err = xffi::Error(code, msg);
     }
-    std::string msg = std::string("[r2ccl ") + cause_name(e->cause()) +
-                      (e->peer() >= 0 ? ", peer " + std::to_string(e->peer()) : std::string()) + "] " + e->what();
-    auto code = e->cause() == Cause::kInvalidArgument || e->cause() == Cause::kMismatch
-                    ? xffi::ErrorCode::kInvalidArgument
-                    : xffi::ErrorCode::kUnavailable;
-    CompletionPool::instance().run([promise, code, msg]() mutable { promise.SetError(xffi::Error(code, msg)); });
+    {
+      std::lock_guard<std::mutex> g(w->mu);
+      if (w->waiting) {   // XLA's thread still waits in the handler: it takes the result
+        w->done = true;
+        w->error = std::move(err);
+        w->cv.notify_one();
+        return;
+      }
+    }
+    // XLA continues the program on the thread that completes the future: never ours.
+    if (!err) {
+      CompletionPool::instance().run([promise]() mutable { promise.SetAvailable(); });
+    } else {
+      CompletionPool::instance().run([promise, err = *err]() mutable { promise.SetError(err); });
+    }
   };
-  rt->device_call(std::move(c));
+  const uint64_t bytes = c.count * static_cast<uint64_t>(coll::dtype_size(c.dtype));
+  bool alone = rt->device_call(std::move(c));
+  // A small collective that is the only one in flight: wait for it here, briefly, and hand
+  // XLA a finished future, which it continues on this same thread (no thread hop). Never
+  // longer than R2CCL_SYNC_WAIT_US, so collectives that other processes issue in another
+  // order cannot deadlock; after that the future completes from the pool as usual.
+  std::unique_lock<std::mutex> lk(w->mu);
+  const int wait_us = rt->config().sync_wait_us;
+  if (!w->done && alone && bytes <= kSyncWaitMaxBytes && wait_us > 0)
+    w->cv.wait_for(lk, std::chrono::microseconds(wait_us), [&] { return w->done; });
+  w->waiting = false;
+  if (!w->done) return future;
+  if (w->error)
+    promise.SetError(*w->error);
+  else
+    promise.SetAvailable();
   return future;
 }
 

@@ -77,6 +77,7 @@ NB_MODULE(_core, m) {
       .def_rw("bind_device", &Config::bind_device)
       .def_rw("port", &Config::port)
       .def_rw("max_message_bytes", &Config::max_message_bytes)
+      .def_rw("sync_wait_us", &Config::sync_wait_us)
       .def_rw("debug_level", &Config::debug_level)
       .def("validate", &Config::validate);
 
