@@ -92,6 +92,7 @@ def test_two_unused_psums_both_run(misc):
         assert u["custom_calls_in_executable"] == 2, u
         one, two = u["tx_bytes"]["one_used"], u["tx_bytes"]["two_unused"]
         assert one > 0 and 1.8 * one <= two <= 2.5 * one, u
+        assert u["top_level_effects"] == [], u   # else jit's C++ fast path is off
 
 
 def test_forty_independent_psums_in_one_program(misc):

@@ -13,7 +13,6 @@ from .reductions import _as_array, _no_groups
 r2ccl_all_to_all_p = jaxapi.Primitive("r2ccl_all_to_all")
 
 
-_effectful = jaxapi.with_collective_effect   # never removed when unused (see jaxapi.CollectiveEffect)
 
 
 def _impl(*args, **params):
@@ -22,7 +21,7 @@ def _impl(*args, **params):
 
 def _abstract_eval(x_aval, *, split_axis, concat_axis, axis_name, tiled):
     lowering.check_dtype(x_aval.dtype, "jax_r2ccl.all_to_all")
-    return _effectful(jaxapi.all_to_all_abstract_eval(x_aval, axis_name=axis_name, split_axis=split_axis,
+    return (jaxapi.all_to_all_abstract_eval(x_aval, axis_name=axis_name, split_axis=split_axis,
                                            concat_axis=concat_axis, axis_index_groups=None, tiled=tiled))
 
 
@@ -33,6 +32,7 @@ def _lower(ctx, x, *, split_axis, concat_axis, axis_name, tiled):
 
 r2ccl_all_to_all_p.def_impl(_impl)
 r2ccl_all_to_all_p.def_effectful_abstract_eval(_abstract_eval)
+jaxapi.keep_when_unused(r2ccl_all_to_all_p)   # never removed when unused
 mlir.register_lowering(r2ccl_all_to_all_p, _lower, platform="cpu", cacheable=False)
 
 

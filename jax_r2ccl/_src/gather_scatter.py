@@ -16,7 +16,6 @@ r2ccl_all_gather_p = jaxapi.Primitive("r2ccl_all_gather")
 r2ccl_reduce_scatter_p = jaxapi.Primitive("r2ccl_reduce_scatter")
 
 
-_effectful = jaxapi.with_collective_effect   # never removed when unused (see jaxapi.CollectiveEffect)
 
 
 def _impl(name):
@@ -31,7 +30,7 @@ r2ccl_reduce_scatter_p.def_impl(_impl("psum_scatter"))
 
 def _all_gather_abstract_eval(x_aval, *, all_gather_dimension, axis_name, axis_size, tiled):
     lowering.check_dtype(x_aval.dtype, "jax_r2ccl.all_gather")
-    return _effectful(jaxapi.all_gather_abstract_eval(
+    return (jaxapi.all_gather_abstract_eval(
         x_aval, all_gather_dimension=all_gather_dimension, axis_name=axis_name, axis_index_groups=None,
         axis_size=axis_size, tiled=tiled))
 
@@ -39,7 +38,7 @@ def _all_gather_abstract_eval(x_aval, *, all_gather_dimension, axis_name, axis_s
 def _reduce_scatter_abstract_eval(x_aval, *, scatter_dimension, axis_name, axis_size, tiled):
     lowering.check_dtype(x_aval.dtype, "jax_r2ccl.psum_scatter")
     _check_bool(x_aval.dtype)
-    return _effectful(jaxapi.reduce_scatter_abstract_eval(
+    return (jaxapi.reduce_scatter_abstract_eval(
         x_aval, axis_name=axis_name, scatter_dimension=scatter_dimension, axis_index_groups=None,
         axis_size=axis_size, tiled=tiled))
 
@@ -52,6 +51,7 @@ def _check_bool(dtype):
 
 r2ccl_all_gather_p.def_effectful_abstract_eval(_all_gather_abstract_eval)
 r2ccl_reduce_scatter_p.def_effectful_abstract_eval(_reduce_scatter_abstract_eval)
+jaxapi.keep_when_unused(r2ccl_all_gather_p, r2ccl_reduce_scatter_p)   # never removed when unused
 
 
 def _lower_all_gather(ctx, x, **params):

@@ -88,30 +88,22 @@ def set_cacheable(prim) -> None:
     mlir._uncacheable_primitives.discard(prim)
 
 
-# ----------------------------------------------------------------------------- the effect
-import dataclasses as _dataclasses
-
-from jax._src import effects as _effects
+# ----------------------------------------------------------------------------- kept when unused
+from jax._src.interpreters import partial_eval as _pe
 
 
-@_dataclasses.dataclass(frozen=True, slots=True)
-class CollectiveEffect(_effects.Effect):
-    """Carried by every jax_r2ccl collective so that JAX never removes one whose result is
-    unused: every process of the group must join, or its peers wait for it. Unordered (like
-    the effect of a side-effecting jax.ffi.ffi_call), allowed in control flow, custom
-    derivatives and remat."""
-
-    def __str__(self):
-        return "R2cclCollective"
+def _keep_rule(used_outputs, eqn):
+    del used_outputs
+    return [True] * len(eqn.invars), eqn
 
 
-COLLECTIVE_EFFECT = CollectiveEffect()
-for _s in (_effects.lowerable_effects, _effects.control_flow_allowed_effects,
-           _effects.custom_derivatives_allowed_effects, _effects.remat_allowed_effects):
-    _s.add_type(CollectiveEffect)
-
-
-def with_collective_effect(result):
-    """(aval, effects) of a jax.lax abstract evaluation, plus the collective effect."""
-    out, effs = result
-    return out, set(effs) | {COLLECTIVE_EFFECT}
+def keep_when_unused(*prims) -> None:
+    """JAX's dead-code elimination keeps every equation of these primitives, used or not:
+    every process of a group must join a collective, or its peers wait for it. (XLA keeps
+    the custom call itself: it is emitted with has_side_effect=True.) A DCE rule and not an
+    effect: any effect left at the top of a jitted function takes every call of it off jit's
+    C++ dispatch path onto the Python one, measured at +26 µs per call (30 µs against 3.4 µs
+    for a one-device psum). Like any equation, one inside a shard_map, scan or cond whose
+    outputs are all unused goes with it, on every process alike."""
+    for p in prims:
+        _pe.dce_rules[p] = _keep_rule

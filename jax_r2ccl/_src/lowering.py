@@ -34,9 +34,9 @@ k-th execution counter of the runtime tells the iterations apart.
 
 Unused results. Every process of a group must join a collective, so none may be dropped: the
 custom call is emitted with has_side_effect=True (XLA neither deletes nor merges it) and our
-primitives carry jaxapi.CollectiveEffect (JAX's DCE keeps them; jax.lax's collectives carry
-only NamedAxisEffect, which DCE ignores, so an unused jax.lax.psum disappears on every
-process alike).
+primitives have a DCE rule that keeps them (jaxapi.keep_when_unused; jax.lax's collectives
+have none, so an unused jax.lax.psum disappears on every process alike). Not an effect: an
+effect at the top of a jitted function would send every call through JAX's Python dispatch.
 
 Matching by run id assumes every process runs the same compiled program: XLA's RunId differs
 between processes whose programs differ in any way (even outside the collectives), and such

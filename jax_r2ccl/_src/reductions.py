@@ -22,7 +22,6 @@ from . import jaxapi, lowering
 from .jaxapi import ad, batching, mlir
 
 
-_effectful = jaxapi.with_collective_effect   # never removed when unused (see jaxapi.CollectiveEffect)
 
 
 def _impl(name):
@@ -45,18 +44,18 @@ def _check_aval(aval, name):
 
 def _psum_abstract_eval(aval, *, axes):
     _check_aval(aval, "psum")
-    return _effectful(jaxapi.allreduce_abstract_eval(aval, axes=axes, axis_index_groups=None))
+    return (jaxapi.allreduce_abstract_eval(aval, axes=axes, axis_index_groups=None))
 
 
 def _psum_invariant_abstract_eval(aval, *, axes):
     _check_aval(aval, "psum")
-    return _effectful(jaxapi.psum_invariant_abstract_eval("psum", aval, axes=axes))
+    return (jaxapi.psum_invariant_abstract_eval("psum", aval, axes=axes))
 
 
 def _pminmax_abstract_eval(name):
     def rule(aval, *, axes):
         _check_aval(aval, name)
-        return _effectful(jaxapi.pmin_pmax_abstract_eval(name, aval, axes=axes, axis_index_groups=None))
+        return (jaxapi.pmin_pmax_abstract_eval(name, aval, axes=axes, axis_index_groups=None))
     return rule
 
 
@@ -64,6 +63,7 @@ r2ccl_psum_p.def_effectful_abstract_eval(_psum_abstract_eval)
 r2ccl_psum_invariant_p.def_effectful_abstract_eval(_psum_invariant_abstract_eval)
 r2ccl_pmax_p.def_effectful_abstract_eval(_pminmax_abstract_eval("pmax"))
 r2ccl_pmin_p.def_effectful_abstract_eval(_pminmax_abstract_eval("pmin"))
+jaxapi.keep_when_unused(r2ccl_psum_p, r2ccl_psum_invariant_p, r2ccl_pmax_p, r2ccl_pmin_p)   # never removed when unused
 
 for _p in _OP:
     _p.def_impl(_impl(_NAME[_p]))
