@@ -64,6 +64,15 @@ SETTINGS: tuple[Setting, ...] = (
             "First listen port (NIC i listens on PORT+i); 0 picks free ports."),
     Setting("R2CCL_MAX_MESSAGE_BYTES", "max_message_bytes", int, 1 << 36,
             "Largest message a receiver accepts from the network."),
+    Setting("R2CCL_MONITOR_MS", "monitor_ms", int, 50,
+            "Sampling period of the health monitor (rail bandwidth, weights, events); 0 turns the "
+            "monitor off (link events are then seen only through rail timers)."),
+    Setting("R2CCL_ADAPTIVE_WEIGHTS", "adaptive_weights", bool, True,
+            "Rail weights follow each rail's measured delivered bandwidth (with hysteresis), so a "
+            "degraded NIC carries only what it can finish in time. Off: every rail weighs 1."),
+    Setting("R2CCL_LINK_HOLDDOWN_MS", "link_holddown_ms", int, 100,
+            "A NIC whose link comes back up is re-admitted after this long, doubled for every "
+            "further link failure in the last 10 s (up to 16x): a flapping link stays out."),
     Setting("R2CCL_SYNC_WAIT_US", "sync_wait_us", int, 1000,
             "Microseconds XLA's thread waits inside the custom call for a small collective (<= 64 "
             "KiB) that is the process's only one in flight, so the program continues on that thread "
@@ -113,6 +122,9 @@ class Config:
     bind_device: bool = True
     port: int = 0
     max_message_bytes: int = 1 << 36
+    monitor_ms: int = 50
+    adaptive_weights: bool = True
+    link_holddown_ms: int = 100
     sync_wait_us: int = 1000
     secret: str = ""
     debug: str = "WARN"

@@ -42,10 +42,15 @@ def initialize(*, nics: Sequence[str] | None = None, config: Config | None = Non
             ep = Endpoint(0, 1, nics=nics or ["127.0.0.1"], secret=Endpoint.new_secret(), config=config)
         ex = _core.Collectives(ep._ep, rank)
         _core.runtime_install(ep._ep, ex, rank, float(config.timeout_s))
+        monitor = None
+        if config.monitor_ms > 0:
+            from .health import HealthMonitor
+            monitor = HealthMonitor(ep)
         if not _state.get("ffi_registered"):
             for name, capsule in _core.ffi_targets().items():
                 jax.ffi.register_ffi_target(name, capsule, platform="cpu")
-        _state.update(endpoint=ep, executor=ex, rank=rank, world=world, config=config, ffi_registered=True)
+        _state.update(endpoint=ep, executor=ex, monitor=monitor, rank=rank, world=world, config=config,
+                      ffi_registered=True)
         return ep
 
 
@@ -72,9 +77,11 @@ def shutdown(timeout: float | None = None) -> None:
             except Exception:  # noqa: BLE001 - a peer that is gone must not hold this one
                 pass
         _core.runtime_uninstall()
+        if _state.get("monitor") is not None:
+            _state["monitor"].close()
         _state["executor"].close()
         _state["endpoint"].close()
-        for k in ("endpoint", "executor", "rank", "world", "config"):
+        for k in ("endpoint", "executor", "monitor", "rank", "world", "config"):
             _state.pop(k, None)
 
 

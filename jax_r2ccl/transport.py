@@ -109,6 +109,12 @@ class Endpoint:
     def set_rail_weight(self, peer: int, rail: int, weight: float) -> None:
         self._ep.set_rail_weight(int(peer), int(rail), float(weight))
 
+    def set_nic_state(self, nic: int, up: bool, why: str = "set by the caller") -> None:
+        """Declares local NIC `nic` (index into self.nics) down or up: down fails its rails at
+        once on both ends and keeps them from re-dialling; up re-dials them. The health
+        monitor calls this on the kernel's link events."""
+        self._ep.set_nic_state(int(nic), bool(up), str(why))
+
     def close(self) -> None:
         self._ep.close()
 

@@ -466,3 +466,74 @@ def host_latency(ep, rank, world, n=2, iters=300):
         ts.append(time.perf_counter() - t0)
     barrier(ep, rank, world)
     return {"median_us": float(np.median(ts[20:]) * 1e6)}
+
+
+def monitored_transfer(ep, rank, world, nbytes, iters, rate=None, steps=(), sample_s=0.05):
+    """Rank 0 sends nbytes to rank 1 `iters` times with a health monitor running on both.
+
+    rate: optional cap (bytes/s) on every rail of rank 0 (loopback as a slow network).
+    steps: [(at_s, rank, action, arg)] run on that rank at that time after the first send:
+    action "rate" (cap rail `arg[0]` at arg[1] bytes/s), "nic" (set_nic_state(arg[0], arg[1]))
+    or "cmd" (a shell command: the test bed). Returns per-iteration times, #wrong, the
+    monitor's events, a timeline of rail weights and bandwidths (rank 0), step times."""
+    from jax_r2ccl.health import HealthMonitor
+    peer = 1 - rank
+    mon = HealthMonitor(ep)
+    if rate and rank == 0:
+        for s in ep.rail_stats(peer):
+            ep.inject(peer, s["rail"], "rate", rate)
+    barrier(ep, rank, world)
+    timeline, step_log = [], []
+    stop = threading.Event()
+    t_start = time.time()
+
+    def sampler():
+        while not stop.is_set():
+            snap = mon.snapshot()
+            timeline.append({"t": time.time() - t_start,
+                             "rails": [{k: r[k] for k in ("rail", "state", "weight", "bandwidth_Bps", "tx_bytes")}
+                                       for r in snap["peers"].get(peer, [])]})
+            stop.wait(sample_s)
+
+    def run_steps():
+        for at, who, action, arg in steps:
+            if who != rank:
+                continue
+            delay = t_start + at - time.time()
+            if delay > 0 and stop.wait(delay):
+                return
+            t0 = time.time()
+            if action == "rate":
+                ep.inject(peer, arg[0], "rate", arg[1])
+            elif action == "nic":
+                ep.set_nic_state(arg[0], bool(arg[1]), "test")
+            elif action == "cmd":
+                subprocess.run(arg, shell=True, check=True, timeout=30)
+            step_log.append({"action": action, "arg": arg, "t0": t0 - t_start, "t1": time.time() - t_start,
+                             "t1_unix": time.time()})
+
+    threads = [threading.Thread(target=sampler, daemon=True), threading.Thread(target=run_steps, daemon=True)]
+    for t in threads:
+        t.start()
+    times, wrong = [], 0
+    for it in range(iters):
+        ref = pattern(nbytes, 11 + it)
+        t0 = time.monotonic()
+        if rank == 0:
+            ep.send(1, ref, tag=500 + it)
+        else:
+            out = np.empty(nbytes, np.uint8)
+            ep.recv(0, out, tag=500 + it)
+            wrong += int(not np.array_equal(out, ref))
+        times.append(time.monotonic() - t0)
+    stop.set()
+    for t in threads:
+        t.join(timeout=30)
+    time.sleep(0.3)
+    events = mon.events()
+    stats = ep.rail_stats(peer)
+    nics = mon.snapshot()["nics"]
+    mon.close()
+    barrier(ep, rank, world)
+    return {"times": times, "wrong": wrong, "events": events, "timeline": timeline, "steps": step_log,
+            "stats": stats, "nics": nics, "t_start_unix": t_start}

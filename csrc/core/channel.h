@@ -80,6 +80,9 @@ struct Rail {
   TxFrame cur;
   std::deque<TxFrame> ctrl;
   uint64_t inflight = 0;           // bytes dealt to this rail and not yet acknowledged
+  // Time with bytes in flight: acked bytes over busy time is what the rail delivers when it
+  // has work (the health monitor's bandwidth estimate), whatever the demand.
+  int64_t busy_ns = 0, busy_since_ns = 0;
   RxFrame rx;
   std::vector<std::pair<uint64_t, uint64_t>> acks;   // seq ranges to acknowledge
   uint64_t cum_sent = 1;           // the cumulative ack point last sent on this rail

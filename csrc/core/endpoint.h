@@ -28,6 +28,8 @@ struct RailStats {
   uint64_t inflight_bytes = 0;
   uint64_t failures = 0, recoveries = 0;
   double rtt_us = 0;                         // last heartbeat round trip (0: none yet)
+  double busy_s = 0;                         // time with bytes in flight (acked_bytes / busy_s: delivered rate)
+  bool link_down = false;                    // its local NIC is held down (set_nic_state)
   std::string fault;            // injected fault: "", "close", "stall", "rate"
   std::string last_error;
   double last_change_unix_s = 0;
@@ -74,8 +76,18 @@ class Endpoint {
   // kClose: the connection is shut and not re-admitted; kStall: nothing is read or written;
   // kRate: writes are capped at rate_bytes_per_s.
   void inject(int peer, int rail, Fault fault, double rate_bytes_per_s);
-  // The health monitor's seam: relative share of new chunks for a rail (0 = none).
+  // The health monitor's seam: relative share of new chunks for a rail (0 = none). A rail's
+  // in-flight window and its chunk size scale with weight / (largest weight of the channel).
   void set_rail_weight(int peer, int rail, double weight);
+  // The health monitor's other seam: link state of local NIC `nic` (index into the NICs
+  // given at construction). Down: every rail over it fails now (its unacknowledged chunks
+  // move to other rails), each peer is told on a live rail so it fails its end too, and
+  // none is re-dialled until the NIC is declared up again, which re-dials at once.
+  void set_nic_state(int nic, bool up, const std::string& why);
+  // Interface name (empty for an address-only NIC) and IPv4 address of each local NIC.
+  std::vector<std::pair<std::string, std::string>> nics() const;
+  // Peers added so far.
+  std::vector<int> peers();
 
   // Says goodbye to every peer and stops the engine. Pending requests fail with kClosed.
   void close();

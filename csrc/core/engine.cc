@@ -48,6 +48,8 @@ Engine::Engine(const Config& cfg, int rank, int world, const std::vector<std::st
   log_set_level(cfg.debug_level);
   log_set_rank(rank);
   for (auto& n : nics) nics_.push_back(resolve_nic(n));
+  nic_down_.assign(nics_.size(), false);
+  nic_down_why_.assign(nics_.size(), std::string());
   auto id = sha256(secret.data(), secret.size());
   job_id_ = load_le64(id.data());
   sockopt_.buffer_bytes = cfg.socket_buffer_bytes;
@@ -355,7 +357,8 @@ void Engine::tick(int64_t now) {
           if (now > r.attempt_deadline_ns) attempt_failed(ch, r, "connect/handshake timed out", false);
           break;
         case RailState::kDown:
-          if (ch.connector && r.fault != Fault::kClose && r.fault != Fault::kStall && now >= r.next_attempt_ns)
+          if (ch.connector && r.fault != Fault::kClose && r.fault != Fault::kStall && now >= r.next_attempt_ns &&
+              !nic_down_[static_cast<size_t>(r.local_nic)])
             start_connect(ch, r);
           break;
       }
@@ -478,6 +481,8 @@ std::vector<RailStats> Engine::stats(int peer) {
       s.failures = r.failures;
       s.recoveries = r.recoveries;
       s.rtt_us = static_cast<double>(r.rtt_ns) / 1e3;
+      s.busy_s = static_cast<double>(r.busy_ns + (r.busy_since_ns ? now_ns() - r.busy_since_ns : 0)) / 1e9;
+      s.link_down = nic_down_[static_cast<size_t>(r.local_nic)];
       s.fault = fault_name(r.fault);
       s.last_error = r.last_error;
       s.last_change_unix_s = r.changed_unix_s;
@@ -515,6 +520,57 @@ void Engine::inject(int peer, int rail, Fault fault, double rate) {
       }
     }
   });
+}
+
+void Engine::set_nic_state(int nic, bool up, const std::string& why) {
+  if (nic < 0 || nic >= static_cast<int>(nics_.size()))
+    throw Error(Cause::kInvalidArgument, -1, "NIC index " + std::to_string(nic) + " does not exist");
+  call([&] {
+    const size_t n = static_cast<size_t>(nic);
+    if (nic_down_[n] == !up) return;
+    nic_down_[n] = !up;
+    nic_down_why_[n] = why;
+    R2_WARN("NIC %s (%s) %s: %s", nics_[n].name.c_str(), nics_[n].addr_str().c_str(), up ? "up" : "down", why.c_str());
+    for (auto& [peer, chp] : channels_) {
+      Channel& ch = *chp;
+      if (ch.dead) continue;
+      for (auto& rp : ch.rails) {
+        Rail& r = *rp;
+        if (r.local_nic != nic) continue;
+        // Tell the peer on a live rail of another NIC: its end of this rail sees nothing
+        // when the link is down on this side of a switch.
+        std::vector<uint8_t> body(kRailStateBytes);
+        store_le32(body.data(), static_cast<uint32_t>(r.index));
+        store_le32(body.data() + 4, up ? 1u : 0u);
+        for (auto& o : ch.rails)
+          if (o->state == RailState::kUp && o->local_nic != nic && o->fault != Fault::kStall) {
+            queue_ctrl(*o, FrameType::kRailState, std::move(body));
+            rail_flush(ch, *o);
+            break;
+          }
+        if (!up) {
+          fail_rail(ch, r, "link down: " + why, false);
+        } else if (r.state == RailState::kDown) {
+          r.next_attempt_ns = 0;   // re-dial now (the dialling side) or on the peer's notice
+          if (ch.connector && r.fault != Fault::kClose && r.fault != Fault::kStall) start_connect(ch, r);
+        }
+      }
+    }
+  });
+}
+
+std::vector<std::pair<std::string, std::string>> Engine::nic_list() const {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (auto& n : nics_) out.emplace_back(n.ifname, n.addr_str());
+  return out;
+}
+
+std::vector<int> Engine::peer_list() {
+  std::vector<int> out;
+  call([&] {
+    for (auto& [peer, ch] : channels_) out.push_back(peer);
+  });
+  return out;
 }
 
 void Engine::set_weight(int peer, int rail, double w) {
@@ -596,6 +652,9 @@ void Endpoint::wait(const std::shared_ptr<Request>& req, double timeout_s) {
 std::vector<RailStats> Endpoint::rail_stats(int peer) { return engine_->stats(peer); }
 void Endpoint::inject(int peer, int rail, Fault f, double rate) { engine_->inject(peer, rail, f, rate); }
 void Endpoint::set_rail_weight(int peer, int rail, double w) { engine_->set_weight(peer, rail, w); }
+void Endpoint::set_nic_state(int nic, bool up, const std::string& why) { engine_->set_nic_state(nic, up, why); }
+std::vector<std::pair<std::string, std::string>> Endpoint::nics() const { return engine_->nic_list(); }
+std::vector<int> Endpoint::peers() { return engine_->peer_list(); }
 void Endpoint::close() { engine_->shutdown(); }
 
 }  // namespace r2ccl

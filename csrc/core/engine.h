@@ -58,6 +58,9 @@ class Engine {
   std::vector<RailStats> stats(int peer);
   void inject(int peer, int rail, Fault fault, double rate);
   void set_weight(int peer, int rail, double w);
+  void set_nic_state(int nic, bool up, const std::string& why);
+  std::vector<std::pair<std::string, std::string>> nic_list() const;
+  std::vector<int> peer_list();
   void shutdown();
 
  private:
@@ -96,7 +99,8 @@ class Engine {
   // channels
   Channel* channel(int peer);
   void pump(Channel& ch);
-  bool next_chunk(Channel& ch, Chunk* c);
+  uint64_t rail_chunk_bytes(double share) const;
+  bool next_chunk(Channel& ch, Chunk* c, uint64_t max_len);
   void on_ack(Channel& ch, Rail& r, uint64_t first, uint64_t last);
   void post_recv(Channel& ch, const std::shared_ptr<Request>& req);
   void finish_inmsg(Channel& ch, uint64_t msg_id);
@@ -130,6 +134,8 @@ class Engine {
   std::map<int, std::unique_ptr<Channel>> channels_;
   std::list<std::unique_ptr<Pending>> pendings_;
   std::vector<uint8_t> scratch_;
+  std::vector<bool> nic_down_;     // held down by set_nic_state
+  std::vector<std::string> nic_down_why_;
   int64_t next_tick_ns_ = 0;
 };
 

@@ -22,7 +22,7 @@ using namespace detail;
 
 // ---------------------------------------------------------------- dealing and acks
 
-bool Engine::next_chunk(Channel& ch, Chunk* c) {
+bool Engine::next_chunk(Channel& ch, Chunk* c, uint64_t max_len) {
   while (!ch.retx.empty()) {
     *c = std::move(ch.retx.front());
     ch.retx.pop_front();
@@ -35,7 +35,7 @@ bool Engine::next_chunk(Channel& ch, Chunk* c) {
       ch.sendq.pop_front();
       continue;
     }
-    uint64_t len = std::min<uint64_t>(cfg_.chunk_bytes, req->len - req->next_offset);
+    uint64_t len = std::min<uint64_t>(max_len, req->len - req->next_offset);
     c->seq = ch.next_seq++;
     c->req = req;
     c->offset = req->next_offset;
@@ -51,6 +51,14 @@ bool Engine::next_chunk(Channel& ch, Chunk* c) {
     return true;
   }
   return false;
+}
+
+// New chunks for a rail with `share` = weight / largest weight: R2CCL_CHUNK_BYTES scaled
+// down, so a chunk takes about as long on a slow rail as on a fast one.
+uint64_t Engine::rail_chunk_bytes(double share) const {
+  const uint64_t lo = std::min<uint64_t>(kMinChunkBytes, cfg_.chunk_bytes);
+  return std::clamp<uint64_t>(static_cast<uint64_t>(static_cast<double>(cfg_.chunk_bytes) * share), lo,
+                              cfg_.chunk_bytes);
 }
 
 void Engine::pump(Channel& ch) {
@@ -71,9 +79,13 @@ void Engine::pump(Channel& ch) {
       Rail& r = *rp;
       if (r.state != RailState::kUp || r.fault == Fault::kStall || r.cur.active || !r.ctrl.empty()) continue;
       if (r.weight <= 0) continue;
-      uint64_t window = std::max<uint64_t>(
-          cfg_.chunk_bytes, static_cast<uint64_t>(static_cast<double>(cfg_.rail_window_bytes) * r.weight / max_weight));
-      if (r.inflight > 0 && r.inflight + cfg_.chunk_bytes > window) continue;
+      // Window and chunk size both scale with the weight: every rail holds about the same
+      // time's worth of bytes, so none keeps a message waiting long after its siblings.
+      const double share = r.weight / max_weight;
+      const uint64_t chunk = rail_chunk_bytes(share);
+      uint64_t window =
+          std::max<uint64_t>(chunk, static_cast<uint64_t>(static_cast<double>(cfg_.rail_window_bytes) * share));
+      if (r.inflight > 0 && r.inflight + chunk > window) continue;
       if (r.next_tx_ns > now) continue;
       // A rail that was busy keeps up to one window of credit, so it catches up when free.
       double vt = std::max(r.vtime, ch.vclock - static_cast<double>(cfg_.rail_window_bytes));
@@ -83,9 +95,9 @@ void Engine::pump(Channel& ch) {
       }
     }
     if (!best) return;
-    Chunk c;
-    if (!next_chunk(ch, &c)) return;
     Rail& r = *best;
+    Chunk c;
+    if (!next_chunk(ch, &c, rail_chunk_bytes(r.weight / max_weight))) return;
     if (c.void_) {
       c.len = 0;
       c.offset = 0;
@@ -93,6 +105,7 @@ void Engine::pump(Channel& ch) {
     ch.vclock = std::max(ch.vclock, best_vt);
     r.vtime = best_vt + static_cast<double>(std::max<uint32_t>(c.len, 1)) / r.weight;
     if (r.inflight == 0) r.progress_ns = now;
+    if (r.inflight == 0 && c.len > 0) r.busy_since_ns = now;
     r.inflight += c.len;
     if (c.resend) r.retransmitted++;
     c.rail = r.index;
@@ -132,6 +145,10 @@ void Engine::on_ack(Channel& ch, Rail& r, uint64_t first, uint64_t last) {
       Rail& carrier = *ch.rails[c.rail];
       carrier.inflight -= std::min<uint64_t>(carrier.inflight, c.len);
       carrier.acked_bytes += c.len;
+      if (carrier.inflight == 0 && carrier.busy_since_ns) {
+        carrier.busy_ns += now - carrier.busy_since_ns;
+        carrier.busy_since_ns = 0;
+      }
       carrier.progress_ns = now;
       carrier.last_ack_ns = now;
     }

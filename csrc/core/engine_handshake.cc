@@ -133,6 +133,9 @@ void Engine::pending_hello(Pending& p) {
 void Engine::admit(Pending& p) {
   Channel& ch = *channels_.at(static_cast<int>(p.hb.from_rank));
   Rail& r = *ch.rails[p.hb.rail];
+  if (nic_down_[static_cast<size_t>(r.local_nic)])
+    return pending_reject(p, "rail " + std::to_string(r.index) + " runs over NIC " + nics_[r.local_nic].name +
+                                 ", which is held down: " + nic_down_why_[static_cast<size_t>(r.local_nic)]);
   TxFrame f;
   encode_frame(&f, FrameType::kWelcome, {}, 0);
   iovec iov[1] = {{f.hdr, kHeaderBytes}};
@@ -253,6 +256,8 @@ void Engine::fail_rail(Channel& ch, Rail& r, const std::string& why, bool by_pee
   r.ctrl.clear();
   r.rx.reset();
   r.inflight = 0;
+  if (r.busy_since_ns) r.busy_ns += now - r.busy_since_ns;
+  r.busy_since_ns = 0;
   // Lossless: every chunk this rail had not had acknowledged is sent again elsewhere.
   std::vector<Chunk> moved;
   for (auto it = ch.window.begin(); it != ch.window.end();) {

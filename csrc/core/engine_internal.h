@@ -18,6 +18,7 @@ namespace r2ccl {
 namespace detail {
 constexpr int64_t kMs = 1000000;
 constexpr size_t kMaxPendings = 64;
+constexpr uint64_t kMinChunkBytes = 16 << 10;   // smallest chunk a low-weight rail is dealt
 constexpr char kAcceptorLabel[] = "r2ccl-v1-acceptor";
 constexpr char kConnectorLabel[] = "r2ccl-v1-connector";
 

@@ -235,6 +235,24 @@ void Engine::rail_control(Channel& ch, Rail& r) {
       if (sent > 0 && sent <= now && now - sent < 60 * 1000 * kMs) r.rtt_ns = now - sent;
       return;
     }
+    case FrameType::kRailState: {
+      uint32_t idx = load_le32(body.data());
+      bool up = load_le32(body.data() + 4) != 0;
+      if (idx >= ch.rails.size()) {
+        fail_rail(ch, r, "protocol error: rail state for rail " + std::to_string(idx) + " that does not exist", false);
+        return;
+      }
+      Rail& t = *ch.rails[idx];
+      if (!up) {
+        if (&t != &r) fail_rail(ch, t, "rank " + std::to_string(ch.peer) + " reports its link down", false);
+      } else if (t.state == RailState::kDown) {
+        t.next_attempt_ns = 0;
+        if (ch.connector && t.fault != Fault::kClose && t.fault != Fault::kStall &&
+            !nic_down_[static_cast<size_t>(t.local_nic)])
+          start_connect(ch, t);
+      }
+      return;
+    }
     case FrameType::kBye:
       R2_INFO("rank %d said goodbye on %s", ch.peer, rail_name(ch, r).c_str());
       ch.bye_received = true;

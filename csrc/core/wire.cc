@@ -38,7 +38,7 @@ std::string decode_header(const uint8_t in[kHeaderBytes], const WireLimits& lim,
   store_le32(copy + 12, 0);
   if (crc32c(copy, kHeaderBytes) != load_le32(in + 12)) return "header checksum mismatch";
   uint8_t type = in[6];
-  if (type < 1 || type > 9) return "unknown frame type " + std::to_string(type);
+  if (type < 1 || type > 10) return "unknown frame type " + std::to_string(type);
   h->type = static_cast<FrameType>(type);
   h->flags = in[7];
   if (h->flags & ~kKnownFlags) return "unknown flags " + std::to_string(h->flags);
@@ -69,6 +69,9 @@ std::string decode_header(const uint8_t in[kHeaderBytes], const WireLimits& lim,
     case FrameType::kHeartbeat:
     case FrameType::kHeartbeatAck:
       if (n != kHeartbeatBytes) return "heartbeat of wrong length";
+      break;
+    case FrameType::kRailState:
+      if (n != kRailStateBytes) return "rail state of wrong length";
       break;
     case FrameType::kAck:
       if (h->seq == 0 || h->seq > kMaxAckRanges || n != h->seq * kAckRangeBytes) return "ack of wrong length";

@@ -25,6 +25,7 @@ enum class FrameType : uint8_t {
   kHeartbeat = 7,     // idle-rail liveness probe
   kHeartbeatAck = 8,  // its echo
   kBye = 9,           // the endpoint is closing on purpose
+  kRailState = 10,    // the sender's end of a rail lost (or regained) its link: fail it now
 };
 constexpr uint8_t kFlagPayloadCrc = 1;
 constexpr uint8_t kFlagAbort = 2;   // data, empty: the sender abandoned this message (send cancelled)
@@ -67,6 +68,7 @@ constexpr size_t kChallengeBytes = kNonceBytes + kMacBytes;
 constexpr size_t kAuthBytes = kMacBytes;
 constexpr size_t kHeartbeatBytes = 16;   // sender clock (ns), echoed clock (ns)
 constexpr size_t kAckRangeBytes = 16;    // [first, last+1) of chunk sequence numbers
+constexpr size_t kRailStateBytes = 8;    // rail index (u32), link up (u32: 0 or 1)
 constexpr size_t kMaxAckRanges = 1024;
 
 inline void store_le64(uint8_t* p, uint64_t v) { for (int i = 0; i < 8; i++) p[i] = uint8_t(v >> (8 * i)); }

@@ -4,6 +4,7 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/shared_ptr.h>
+#include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
@@ -12,6 +13,7 @@
 #include "base/log.h"
 #include "coll/collectives.h"
 #include "coll/runtime.h"
+#include "monitor/monitor.h"
 #include "ffi/handlers.h"
 #include "core/digest.h"
 #include "core/endpoint.h"
@@ -49,6 +51,34 @@ using Buffer = nb::ndarray<nb::c_contig, nb::device::cpu>;
 
 }  // namespace
 
+nb::dict stats_dict(const RailStats& s) {
+  nb::dict d;
+  d["rail"] = s.rail;
+  d["local_nic"] = s.local_nic;
+  d["remote_nic"] = s.remote_nic;
+  d["nic"] = s.local_nic_name;
+  d["local_addr"] = s.local_addr;
+  d["remote_addr"] = s.remote_addr;
+  d["state"] = s.state;
+  d["weight"] = s.weight;
+  d["tx_bytes"] = s.tx_bytes;
+  d["rx_bytes"] = s.rx_bytes;
+  d["tx_chunks"] = s.tx_chunks;
+  d["rx_chunks"] = s.rx_chunks;
+  d["acked_bytes"] = s.acked_bytes;
+  d["retransmitted_chunks"] = s.retransmitted_chunks;
+  d["inflight_bytes"] = s.inflight_bytes;
+  d["failures"] = s.failures;
+  d["recoveries"] = s.recoveries;
+  d["rtt_us"] = s.rtt_us;
+  d["fault"] = s.fault;
+  d["last_error"] = s.last_error;
+  d["last_change_unix_s"] = s.last_change_unix_s;
+  d["busy_s"] = s.busy_s;
+  d["link_down"] = s.link_down;
+  return d;
+}
+
 NB_MODULE(_core, m) {
   nb::register_exception_translator([](const std::exception_ptr& p, void*) {
     try {
@@ -77,6 +107,9 @@ NB_MODULE(_core, m) {
       .def_rw("bind_device", &Config::bind_device)
       .def_rw("port", &Config::port)
       .def_rw("max_message_bytes", &Config::max_message_bytes)
+      .def_rw("monitor_ms", &Config::monitor_ms)
+      .def_rw("adaptive_weights", &Config::adaptive_weights)
+      .def_rw("link_holddown_ms", &Config::link_holddown_ms)
       .def_rw("sync_wait_us", &Config::sync_wait_us)
       .def_rw("debug_level", &Config::debug_level)
       .def("validate", &Config::validate);
@@ -131,31 +164,7 @@ NB_MODULE(_core, m) {
               st = ep.rail_stats(peer);
             }
             nb::list out;
-            for (auto& s : st) {
-              nb::dict d;
-              d["rail"] = s.rail;
-              d["local_nic"] = s.local_nic;
-              d["remote_nic"] = s.remote_nic;
-              d["nic"] = s.local_nic_name;
-              d["local_addr"] = s.local_addr;
-              d["remote_addr"] = s.remote_addr;
-              d["state"] = s.state;
-              d["weight"] = s.weight;
-              d["tx_bytes"] = s.tx_bytes;
-              d["rx_bytes"] = s.rx_bytes;
-              d["tx_chunks"] = s.tx_chunks;
-              d["rx_chunks"] = s.rx_chunks;
-              d["acked_bytes"] = s.acked_bytes;
-              d["retransmitted_chunks"] = s.retransmitted_chunks;
-              d["inflight_bytes"] = s.inflight_bytes;
-              d["failures"] = s.failures;
-              d["recoveries"] = s.recoveries;
-              d["rtt_us"] = s.rtt_us;
-              d["fault"] = s.fault;
-              d["last_error"] = s.last_error;
-              d["last_change_unix_s"] = s.last_change_unix_s;
-              out.append(d);
-            }
+            for (auto& s : st) out.append(stats_dict(s));
             return out;
           },
           nb::arg("peer"))
@@ -167,6 +176,14 @@ NB_MODULE(_core, m) {
             ep.inject(peer, rail, f, rate);
           },
           nb::arg("peer"), nb::arg("rail"), nb::arg("fault"), nb::arg("rate_bytes_per_s") = 0.0)
+      .def(
+          "set_nic_state",
+          [](Endpoint& ep, int nic, bool up, const std::string& why) {
+            nb::gil_scoped_release nogil;
+            ep.set_nic_state(nic, up, why);
+          },
+          nb::arg("nic"), nb::arg("up"), nb::arg("why") = std::string("set by the caller"))
+      .def_prop_ro("nics", &Endpoint::nics)
       .def(
           "set_rail_weight",
           [](Endpoint& ep, int peer, int rail, double w) {
@@ -180,6 +197,73 @@ NB_MODULE(_core, m) {
             nb::gil_scoped_release nogil;
             ep.close();
           });
+
+  nb::class_<monitor::Monitor>(m, "Monitor")
+      .def(nb::init<Endpoint&, const Config&>(), nb::arg("endpoint"), nb::arg("config"), nb::keep_alive<1, 2>())
+      .def("rails",
+           [](monitor::Monitor& mo) {
+             std::vector<monitor::RailHealth> rs;
+             {
+               nb::gil_scoped_release nogil;
+               rs = mo.rails();
+             }
+             nb::list out;
+             for (auto& r : rs) {
+               nb::dict d = stats_dict(r.stats);
+               d["peer"] = r.peer;
+               d["bandwidth_Bps"] = r.bandwidth_Bps;
+               d["last_event"] = r.last_event;
+               out.append(d);
+             }
+             return out;
+           })
+      .def("nics",
+           [](monitor::Monitor& mo) {
+             std::vector<monitor::NicHealth> ns;
+             {
+               nb::gil_scoped_release nogil;
+               ns = mo.nics();
+             }
+             nb::list out;
+             for (auto& n : ns) {
+               nb::dict d;
+               d["name"] = n.name;
+               d["addr"] = n.addr;
+               d["link_up"] = n.link_up;
+               d["admitted"] = n.admitted;
+               d["source"] = n.source;
+               d["link_downs"] = n.downs;
+               out.append(d);
+             }
+             return out;
+           })
+      .def(
+          "events",
+          [](monitor::Monitor& mo, uint64_t after, double timeout) {
+            std::vector<monitor::Event> es;
+            {
+              nb::gil_scoped_release nogil;
+              es = mo.events(after, timeout);
+            }
+            nb::list out;
+            for (auto& e : es) {
+              nb::dict d;
+              d["seq"] = e.seq;
+              d["time"] = e.t_unix;
+              d["kind"] = e.kind;
+              d["peer"] = e.peer >= 0 ? nb::cast(e.peer) : nb::none();
+              d["rail"] = e.rail >= 0 ? nb::cast(e.rail) : nb::none();
+              d["nic"] = e.nic;
+              d["detail"] = e.detail;
+              out.append(d);
+            }
+            return out;
+          },
+          nb::arg("after") = 0, nb::arg("timeout") = 0.0)
+      .def("close", [](monitor::Monitor& mo) {
+        nb::gil_scoped_release nogil;
+        mo.close();
+      });
 
   // Process-level collectives over an endpoint (tests, benchmarks; the FFI layer uses the
   // same executor).

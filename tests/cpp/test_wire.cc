@@ -64,6 +64,7 @@ std::string type_name(FrameType t) {
     case FrameType::kHeartbeat: return "heartbeat";
     case FrameType::kHeartbeatAck: return "heartbeat_ack";
     case FrameType::kBye: return "bye";
+    case FrameType::kRailState: return "rail state";
   }
   return "type" + std::to_string(static_cast<int>(t));
 }
@@ -88,13 +89,15 @@ uint32_t fixed_len(FrameType t) {
     case FrameType::kAuth: return kAuthBytes;
     case FrameType::kHeartbeat:
     case FrameType::kHeartbeatAck: return kHeartbeatBytes;
+    case FrameType::kRailState: return kRailStateBytes;
     default: return 0;
   }
 }
 
 const FrameType kAllTypes[] = {FrameType::kHello,     FrameType::kChallenge,    FrameType::kAuth,
                                FrameType::kWelcome,   FrameType::kData,         FrameType::kAck,
-                               FrameType::kHeartbeat, FrameType::kHeartbeatAck, FrameType::kBye};
+                               FrameType::kHeartbeat, FrameType::kHeartbeatAck, FrameType::kBye,
+                               FrameType::kRailState};
 
 // A valid header of type t with representative (or, with random=true, random) fields.
 FrameHeader valid_header(FrameType t, bool random) {
@@ -268,7 +271,7 @@ void test_corrupt_fields() {
   }
 
   // Unknown frame types.
-  for (int t : {0, 10, 11, 0x7F, 0x80, 0xFF}) {
+  for (int t : {0, 11, 12, 0x7F, 0x80, 0xFF}) {
     FrameHeader h = base;
     h.type = static_cast<FrameType>(t);
     expect_reject(h, kLim, "frame type", "unknown type " + std::to_string(t));
@@ -401,7 +404,7 @@ void test_corrupt_fields() {
 // anything it accepts must satisfy the protocol's invariants and re-encode to the same bytes.
 void check_accepted_invariants(const Bytes& b, const FrameHeader& h, const WireLimits& lim, const char* what) {
   const int t = static_cast<int>(h.type);
-  bool ok = t >= 1 && t <= 9 && (h.flags & ~kKnownFlags) == 0 &&
+  bool ok = t >= 1 && t <= 10 && (h.flags & ~kKnownFlags) == 0 &&
             (!(h.flags & kFlagAbort) || h.type == FrameType::kData);
   switch (h.type) {
     case FrameType::kData:

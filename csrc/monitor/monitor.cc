@@ -1,0 +1,360 @@
+// The health monitor thread (see monitor.h).
+#include "monitor/monitor.h"
+
+#include <linux/netlink.h>
+#include <linux/rtnetlink.h>
+#include <net/if.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+
+#include "base/log.h"
+
+namespace r2ccl::monitor {
+
+namespace {
+
+constexpr int64_t kMs = 1000000;
+constexpr size_t kEventsKept = 4096;
+constexpr double kMinWeight = 0.02;        // a slow rail keeps a trickle, so recovery is seen
+constexpr double kMinBusyS = 0.005;        // busy time a bandwidth sample needs
+constexpr int64_t kWeightHoldNs = 200 * kMs;
+constexpr int64_t kFlapWindowNs = 10000 * kMs;
+
+int64_t mono_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+double unix_s() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+std::string read_line(const std::string& path) {
+  std::ifstream f(path);
+  std::string s;
+  if (f) std::getline(f, s);
+  return s;
+}
+
+// Link state from sysfs; true when unknown (no such file: loopback, address-only NICs).
+bool sysfs_link_up(const std::string& ifname, std::string* why) {
+  if (ifname.empty()) return true;
+  std::string op = read_line("/sys/class/net/" + ifname + "/operstate");
+  if (op.empty()) return true;
+  if (op == "down" || op == "lowerlayerdown" || op == "notpresent") {
+    *why = "operstate " + op + " (sysfs)";
+    return false;
+  }
+  std::string carrier = read_line("/sys/class/net/" + ifname + "/carrier");
+  if (carrier == "0") {
+    *why = "no carrier (sysfs)";
+    return false;
+  }
+  return true;
+}
+
+std::string fmt_rate(double bps) {
+  char b[64];
+  std::snprintf(b, sizeof b, "%.1f MB/s", bps / 1e6);
+  return b;
+}
+
+}  // namespace
+
+Monitor::Monitor(Endpoint& ep, const Config& cfg) : ep_(ep), cfg_(cfg) {
+  for (auto& [ifname, addr] : ep_.nics()) {
+    NicTrack n;
+    n.ifname = ifname;
+    n.addr = addr;
+    n.ifindex = ifname.empty() ? 0 : static_cast<int>(if_nametoindex(ifname.c_str()));
+    nics_.push_back(n);
+  }
+  nl_fd_ = ::socket(AF_NETLINK, SOCK_RAW | SOCK_NONBLOCK | SOCK_CLOEXEC, NETLINK_ROUTE);
+  if (nl_fd_ >= 0) {
+    sockaddr_nl sa{};
+    sa.nl_family = AF_NETLINK;
+    sa.nl_groups = RTMGRP_LINK;
+    if (::bind(nl_fd_, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0) {
+      ::close(nl_fd_);
+      nl_fd_ = -1;
+    }
+  }
+  source_ = nl_fd_ >= 0 ? "netlink" : "sysfs";
+  if (nl_fd_ < 0) R2_INFO("health monitor: no netlink socket (%s); polling sysfs", std::strerror(errno));
+  wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  // A NIC already down at start is held down now.
+  std::lock_guard<std::mutex> g(mu_);
+  for (size_t i = 0; i < nics_.size(); i++) {
+    std::string why;
+    if (!sysfs_link_up(nics_[i].ifname, &why)) link_change(i, false, why);
+  }
+  thread_ = std::thread([this] { run(); });
+}
+
+Monitor::~Monitor() { close(); }
+
+void Monitor::close() {
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    if (stop_) return;
+    stop_ = true;
+  }
+  uint64_t one = 1;
+  ssize_t w = ::write(wake_fd_, &one, sizeof one);
+  (void)w;
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+  if (nl_fd_ >= 0) ::close(nl_fd_);
+  if (wake_fd_ >= 0) ::close(wake_fd_);
+  nl_fd_ = wake_fd_ = -1;
+}
+
+void Monitor::run() {
+  const int64_t interval = std::max(1, cfg_.monitor_ms) * kMs;
+  int64_t next_sample = mono_ns() + interval;
+  for (;;) {
+    int64_t now = mono_ns();
+    int64_t next = next_sample;
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      if (stop_) return;
+      for (auto& n : nics_)
+        if (n.readmit_ns) next = std::min(next, n.readmit_ns);
+    }
+    pollfd fds[2] = {{wake_fd_, POLLIN, 0}, {nl_fd_, POLLIN, 0}};
+    int timeout_ms = static_cast<int>(std::clamp<int64_t>((next - now + kMs - 1) / kMs, 0, 1000));
+    int n = ::poll(fds, nl_fd_ >= 0 ? 2 : 1, timeout_ms);
+    // The thread works under the lock; callers of rails(), nics() and events() wait for it.
+    std::unique_lock<std::mutex> lk(mu_);
+    if (stop_) return;
+    try {
+      if (nl_fd_ >= 0 && n > 0 && (fds[1].revents & POLLIN)) read_netlink();
+      now = mono_ns();
+      // Hold-downs that ended with the link still up: the NIC carries traffic again.
+      for (size_t i = 0; i < nics_.size(); i++) {
+        NicTrack& t = nics_[i];
+        if (!t.readmit_ns || now < t.readmit_ns) continue;
+        t.readmit_ns = 0;
+        if (!t.link_up || t.admitted) continue;
+        t.admitted = true;
+        ep_.set_nic_state(static_cast<int>(i), true, "link up and stable");
+        emit({0, unix_s(), "nic_readmitted", -1, -1, t.ifname.empty() ? t.addr : t.ifname,
+              "link stable through the hold-down; rails re-dialled"});
+      }
+      if (now >= next_sample) {
+        if (nl_fd_ < 0) poll_sysfs();
+        sample(now);
+        next_sample = now + interval;
+      }
+    } catch (const Error& e) {
+      // The endpoint closed under us (shutdown order): nothing left to watch.
+      if (e.cause() == Cause::kClosed) return;
+      R2_WARN("health monitor: %s", e.what());
+    }
+  }
+}
+
+void Monitor::read_netlink() {
+  alignas(nlmsghdr) char buf[16384];
+  for (;;) {
+    ssize_t len = ::recv(nl_fd_, buf, sizeof buf, 0);
+    if (len < 0) {
+      if (errno == ENOBUFS) {   // events were lost: re-read the truth from sysfs
+        poll_sysfs();
+        continue;
+      }
+      return;   // EAGAIN or an error: try again on the next readiness
+    }
+    if (len == 0) return;
+    for (auto* nh = reinterpret_cast<nlmsghdr*>(buf); NLMSG_OK(nh, static_cast<unsigned>(len));
+         nh = NLMSG_NEXT(nh, len)) {
+      if (nh->nlmsg_type != RTM_NEWLINK && nh->nlmsg_type != RTM_DELLINK) continue;
+      if (nh->nlmsg_len < NLMSG_LENGTH(sizeof(ifinfomsg))) continue;
+      auto* ifi = static_cast<ifinfomsg*>(NLMSG_DATA(nh));
+      for (size_t i = 0; i < nics_.size(); i++) {
+        if (nics_[i].ifindex == 0 || nics_[i].ifindex != ifi->ifi_index) continue;
+        bool admin_up = (ifi->ifi_flags & IFF_UP) != 0;
+        bool running = (ifi->ifi_flags & IFF_RUNNING) != 0;
+        bool up = nh->nlmsg_type == RTM_NEWLINK && admin_up && running;
+        std::string why = nh->nlmsg_type == RTM_DELLINK ? "interface removed (netlink)"
+                          : !admin_up                  ? "administratively down (netlink)"
+                          : !running                   ? "carrier lost (netlink)"
+                                                       : "link up (netlink)";
+        link_change(i, up, why);
+      }
+    }
+  }
+}
+
+void Monitor::poll_sysfs() {
+  for (size_t i = 0; i < nics_.size(); i++) {
+    std::string why = "link up (sysfs)";
+    bool up = sysfs_link_up(nics_[i].ifname, &why);
+    link_change(i, up, why);
+  }
+}
+
+void Monitor::link_change(size_t i, bool up, const std::string& why) {
+  NicTrack& t = nics_[i];
+  if (t.link_up == up) return;   // netlink repeats NEWLINK for every attribute change
+  const int64_t now = mono_ns();
+  const std::string name = t.ifname.empty() ? t.addr : t.ifname;
+  t.link_up = up;
+  if (!up) {
+    t.downs.push_back(now);
+    t.total_downs++;
+    t.readmit_ns = 0;
+    if (t.admitted) {
+      t.admitted = false;
+      ep_.set_nic_state(static_cast<int>(i), false, why);
+    }
+    emit({0, unix_s(), "link_down", -1, -1, name, why});
+    return;
+  }
+  while (!t.downs.empty() && now - t.downs.front() > kFlapWindowNs) t.downs.pop_front();
+  // Hold-down: R2CCL_LINK_HOLDDOWN_MS after the first failure, doubling with every further
+  // one in the last 10 s (up to 16x), so a flapping link stays out instead of costing a
+  // failover each time it drops.
+  int recent = std::max<int>(1, static_cast<int>(t.downs.size()));
+  int64_t hold = static_cast<int64_t>(cfg_.link_holddown_ms) * kMs << std::min(recent - 1, 4);
+  t.readmit_ns = now + hold;
+  emit({0, unix_s(), "link_up", -1, -1, name,
+        why + "; re-admitted after " + std::to_string(hold / kMs) + " ms if it stays up"});
+}
+
+void Monitor::sample(int64_t now) {
+  std::vector<int> peers = ep_.peers();
+  for (int peer : peers) {
+    std::vector<RailStats> stats = ep_.rail_stats(peer);
+    double best = 0;
+    std::vector<double> bw(stats.size(), 0);
+    for (size_t k = 0; k < stats.size(); k++) {
+      const RailStats& s = stats[k];
+      RailTrack& t = rails_[{peer, s.rail}];
+      const std::string nic = s.local_nic_name;
+      if (!t.seen) {
+        t.seen = true;
+        t.acked = s.acked_bytes;
+        t.busy_s = s.busy_s;
+        t.state = s.state;
+        t.failures = s.failures;
+        t.recoveries = s.recoveries;
+        t.weight = s.weight;
+      }
+      if (s.failures > t.failures)
+        emit({0, unix_s(), "rail_failed", peer, s.rail, nic, s.last_error});
+      if (s.recoveries > t.recoveries) emit({0, unix_s(), "rail_recovered", peer, s.rail, nic, "failback"});
+      t.failures = s.failures;
+      t.recoveries = s.recoveries;
+      t.state = s.state;
+      double d_busy = s.busy_s - t.busy_s;
+      uint64_t d_acked = s.acked_bytes - t.acked;
+      if (d_busy >= kMinBusyS && s.state == "up") {
+        double rate = static_cast<double>(d_acked) / d_busy;
+        t.bw = t.bw > 0 ? 0.5 * t.bw + 0.5 * rate : rate;
+        t.acked = s.acked_bytes;
+        t.busy_s = s.busy_s;
+      } else if (s.state != "up") {
+        t.acked = s.acked_bytes;
+        t.busy_s = s.busy_s;
+      }
+      last_stats_[{peer, s.rail}] = s;
+      if (s.state == "up" && t.bw > 0) {
+        bw[k] = t.bw;
+        best = std::max(best, t.bw);
+      }
+    }
+    if (best <= 0) continue;
+    for (size_t k = 0; k < stats.size(); k++) {
+      if (bw[k] <= 0) continue;
+      const RailStats& s = stats[k];
+      RailTrack& t = rails_[{peer, s.rail}];
+      double target = std::clamp(bw[k] / best, kMinWeight, 1.0);
+      bool degraded = target < 0.5, restored = target >= 0.8;
+      if (degraded && !t.degraded) {
+        t.degraded = true;
+        emit({0, unix_s(), "degraded", peer, s.rail, s.local_nic_name,
+              "delivers " + fmt_rate(bw[k]) + ", " + std::to_string(static_cast<int>(100 * bw[k] / best)) +
+                  "% of its best sibling (" + fmt_rate(best) + ")"});
+      } else if (restored && t.degraded) {
+        t.degraded = false;
+        emit({0, unix_s(), "restored", peer, s.rail, s.local_nic_name,
+              "delivers " + fmt_rate(bw[k]) + " again (best sibling " + fmt_rate(best) + ")"});
+      }
+      if (!cfg_.adaptive_weights) continue;
+      // Hysteresis: only a change of more than 25%, at most every 200 ms per rail.
+      bool big = target < 0.8 * t.weight || target > 1.25 * t.weight;
+      if (big && now - t.weight_ns >= kWeightHoldNs) {
+        ep_.set_rail_weight(peer, s.rail, target);
+        t.weight = target;
+        t.weight_ns = now;
+      }
+    }
+  }
+}
+
+void Monitor::emit(Event e) {   // mu_ held
+  std::string where = e.peer >= 0 ? "rail " + std::to_string(e.rail) + " to rank " + std::to_string(e.peer) + " (" +
+                                        e.nic + ")"
+                                  : "NIC " + e.nic;
+  R2_WARN("health: %s %s: %s", where.c_str(), e.kind.c_str(), e.detail.c_str());
+  e.seq = next_seq_++;
+  if (e.peer >= 0) rails_[{e.peer, e.rail}].last_event = e.kind + ": " + e.detail;
+  events_.push_back(std::move(e));
+  if (events_.size() > kEventsKept) events_.pop_front();
+  cv_.notify_all();
+}
+
+std::vector<RailHealth> Monitor::rails() {
+  std::lock_guard<std::mutex> g(mu_);
+  std::vector<RailHealth> out;
+  for (auto& [key, s] : last_stats_) {
+    RailHealth h;
+    h.peer = key.first;
+    h.stats = s;
+    auto it = rails_.find(key);
+    if (it != rails_.end()) {
+      h.bandwidth_Bps = it->second.bw;
+      h.last_event = it->second.last_event;
+    }
+    out.push_back(std::move(h));
+  }
+  return out;
+}
+
+std::vector<NicHealth> Monitor::nics() {
+  std::lock_guard<std::mutex> g(mu_);
+  std::vector<NicHealth> out;
+  for (auto& t : nics_) {
+    NicHealth h;
+    h.name = t.ifname;
+    h.addr = t.addr;
+    h.link_up = t.link_up;
+    h.admitted = t.admitted;
+    h.source = t.ifindex ? source_ : "none";
+    h.downs = t.total_downs;
+    out.push_back(std::move(h));
+  }
+  return out;
+}
+
+std::vector<Event> Monitor::events(uint64_t after, double timeout_s) {
+  std::unique_lock<std::mutex> lk(mu_);
+  auto have = [&] { return stop_ || (!events_.empty() && events_.back().seq > after); };
+  if (!have() && timeout_s > 0) cv_.wait_for(lk, std::chrono::duration<double>(timeout_s), have);
+  std::vector<Event> out;
+  for (auto& e : events_)
+    if (e.seq > after) out.push_back(e);
+  return out;
+}
+
+}  // namespace r2ccl::monitor

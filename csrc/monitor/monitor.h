@@ -1,0 +1,110 @@
+// The host-side health monitor: one thread per endpoint that watches every rail and NIC and
+// steers the endpoint through its two seams (set_nic_state, set_rail_weight).
+//   - Link state from the kernel as events (netlink RTM_NEWLINK; sysfs operstate/carrier
+//     polled when netlink is unavailable): a NIC going down fails its rails at once; coming
+//     back it is re-admitted after a hold-down that grows while the link flaps.
+//   - Delivered bandwidth per rail: acknowledged bytes over the time the rail had bytes in
+//     flight, smoothed; weights follow it (with hysteresis), so a degraded rail carries a
+//     share it can finish in time and a healed one gets its share back.
+//   - Events (link, failure, recovery, degradation) with timestamps, logged at WARN and
+//     kept for Python (jax_r2ccl.health(), jax_r2ccl.on_event).
+// Knows nothing of collectives or JAX.
+#pragma once
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "base/config.h"
+#include "core/endpoint.h"
+
+namespace r2ccl::monitor {
+
+struct Event {
+  uint64_t seq = 0;
+  double t_unix = 0;
+  std::string kind;        // link_down, link_up, nic_readmitted, rail_failed, rail_recovered, degraded, restored
+  int peer = -1;           // -1: a NIC event
+  int rail = -1;
+  std::string nic;         // local NIC (interface name, else address)
+  std::string detail;
+};
+
+struct RailHealth {
+  int peer = 0;
+  RailStats stats;
+  double bandwidth_Bps = 0;   // smoothed delivered rate while busy (0: not measured yet)
+  std::string last_event;
+};
+
+struct NicHealth {
+  std::string name, addr;
+  bool link_up = true;        // as the kernel reports it
+  bool admitted = true;       // carrying traffic (false: down or in hold-down)
+  std::string source;         // netlink, sysfs or none (no interface to watch)
+  int downs = 0;              // link-down events seen
+};
+
+class Monitor {
+ public:
+  Monitor(Endpoint& ep, const Config& cfg);
+  ~Monitor();
+  Monitor(const Monitor&) = delete;
+  Monitor& operator=(const Monitor&) = delete;
+
+  std::vector<RailHealth> rails();
+  std::vector<NicHealth> nics();
+  // Events with seq > after, oldest first; waits up to timeout_s for one when there is none.
+  std::vector<Event> events(uint64_t after, double timeout_s);
+  void close();
+
+ private:
+  struct RailTrack {
+    uint64_t acked = 0;
+    double busy_s = 0;
+    double bw = 0;              // smoothed bytes/s
+    double weight = 1.0;        // last applied
+    int64_t weight_ns = 0;      // when it was applied
+    std::string state;
+    uint64_t failures = 0, recoveries = 0;
+    bool degraded = false;
+    std::string last_event;
+    bool seen = false;
+  };
+  struct NicTrack {
+    std::string ifname, addr;
+    int ifindex = 0;
+    bool link_up = true, admitted = true;
+    int64_t readmit_ns = 0;     // hold-down end (0: none pending)
+    std::deque<int64_t> downs;  // recent link-down times
+    int total_downs = 0;
+  };
+
+  void run();
+  void read_netlink();
+  void poll_sysfs();
+  void link_change(size_t nic, bool up, const std::string& why);
+  void sample(int64_t now);
+  void emit(Event e);   // these run with mu_ held
+
+  Endpoint& ep_;
+  Config cfg_;
+  int nl_fd_ = -1, wake_fd_ = -1;
+  std::string source_;
+  std::thread thread_;
+  bool stop_ = false;
+
+  std::mutex mu_;               // guards everything below (the thread and callers)
+  std::condition_variable cv_;
+  std::vector<NicTrack> nics_;
+  std::map<std::pair<int, int>, RailTrack> rails_;
+  std::map<std::pair<int, int>, RailStats> last_stats_;
+  std::deque<Event> events_;
+  uint64_t next_seq_ = 1;
+};
+
+}  // namespace r2ccl::monitor
