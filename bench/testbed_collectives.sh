@@ -6,6 +6,7 @@
 #
 #   sudo bench/testbed_collectives.sh                  # everything; results in bench-results/coll-<time>/
 #   OPS="allreduce" RUNS="healthy" bench/testbed_collectives.sh
+#   RUNS="degrade flap" bench/testbed_collectives.sh    # one NIC at 1/10; one NIC flapping
 # Env: RATE (500mbit), ITERS (10), SIZES, PORT (29600), OUT, TB, PYTHON, R2CCL_* (passed through).
 set -euo pipefail
 
@@ -17,7 +18,8 @@ SIZES=${SIZES:-8B,4KiB,1MiB,16MiB,64MiB}
 PORT=${PORT:-29600}
 PYTHON=${PYTHON:-python3}
 OPS=${OPS:-allreduce allgather reducescatter alltoall}
-RUNS=${RUNS:-healthy fail}
+RUNS=${RUNS:-healthy fail degrade flap}
+DEGRADED_RATE=${DEGRADED_RATE:-50mbit}
 OUT=${OUT:-$ROOT/bench-results/coll-$(date +%Y%m%d-%H%M%S)}
 NICS=nic0,nic1,nic2,nic3
 NETNS="$TB/netns.sh"
@@ -63,6 +65,15 @@ for r in $RUNS; do
     fail)       # host 1's nic2 down 0.3 s into the 64 MiB all-reduce loop, healed 1.5 s later
       run allreduce-fail allreduce 300 --sizes 64MiB --iters "$ITERS" --warmup 1 --timeout 120 \
         --fault-at 0.3 --fault-cmd "bash $NETNS fail 1 2; sleep 1.5; bash $NETNS heal 1 2"
+      bash "$NETNS" heal 1 2 >/dev/null ;;
+    degrade)    # host 1's nic2 at a tenth of its rate for the whole loop (steady state after warm-up)
+      bash "$NETNS" degrade 1 2 "$DEGRADED_RATE" >/dev/null
+      run allreduce-degrade allreduce 600 --sizes "${DEGRADE_SIZES:-16MiB,64MiB}" --iters "$ITERS" --warmup 3 \
+        --timeout 120
+      bash "$NETNS" degrade 1 2 base >/dev/null ;;
+    flap)       # host 1's nic2 flaps 50 ms down / 50 ms up, 20 times, during a 200-iteration loop
+      run allreduce-flap allreduce 600 --sizes "${FLAP_SIZES:-4MiB}" --iters "${FLAP_ITERS:-200}" --warmup 2 \
+        --timeout 120 --fault-at 0.3 --fault-cmd "bash $NETNS flap 1 2 50 20"
       bash "$NETNS" heal 1 2 >/dev/null ;;
     *) echo "testbed_collectives: unknown run '$r'" >&2; status=2 ;;
   esac

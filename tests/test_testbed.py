@@ -92,3 +92,38 @@ def test_degraded_nic_loses_nothing(bed):
                    heal_cmd=f"bash {NETNS} degrade 1 2 base", fault_after_s=0.05, heal_after_s=4.0)
     r1 = res[1]["result"]
     assert r1["wrong"] == 0
+
+
+def run_monitored(bed, **args):
+    return run_ranks("monitored_transfer", 2, nics=NICS, args=args, timeout=120,
+                     netns=[["bash", NSRUN, "r2h0"], ["bash", NSRUN, "r2h1"]],
+                     config={"timeout_s": 20.0})
+
+
+def _rail_tx(timeline, rail):
+    return [(s["t"], r["tx_bytes"]) for s in timeline for r in s["rails"] if r["rail"] == rail]
+
+
+def test_link_events_move_traffic_off_at_once_and_back_after_heal(bed):
+    """Host 1's NIC goes down: its monitor sees the kernel's event at once and fails the
+    NIC's rails; host 0 is told on another rail (its own carrier-loss event comes later: the
+    kernel delivers it through linkwatch, measured 350 ms). Traffic leaves the NIC within
+    50 ms; after `heal` the NIC carries traffic again within 1 s (hold-down 100 ms, re-dial)."""
+    res = run_monitored(bed, nbytes=32 << 20, iters=14,
+                        steps=[(0.4, 0, "cmd", f"bash {NETNS} fail 1 2"), (1.4, 0, "cmd", f"bash {NETNS} heal 1 2")])
+    r0, r1 = res[0]["result"], res[1]["result"]
+    assert r1["wrong"] == 0
+    down_cmd, up_cmd = r0["steps"]
+    downs = [e for e in r1["events"] if e["kind"] == "link_down" and e["nic"] == "nic2"]
+    assert downs, r1["events"]
+    # the event is emitted after the rails were failed: its time bounds the failover
+    assert downs[0]["time"] - down_cmd["t1_unix"] < 0.05, (downs[0], down_cmd)
+    for r in (r0, r1):
+        assert any(e["kind"] == "rail_failed" and e["rail"] == 2 for e in r["events"]), r["events"]
+        assert any(e["kind"] == "rail_recovered" and e["rail"] == 2 for e in r["events"]), r["events"]
+    # rank 0 sends: nothing more on rail 2 from 50 ms after the command (plus one sampling
+    # period of slack) until the heal, then traffic again within 1 s
+    tx = [b for t, b in _rail_tx(r0["timeline"], 2) if down_cmd["t1"] + 0.05 + 0.05 <= t <= up_cmd["t0"]]
+    assert tx and max(tx) == min(tx), tx
+    back = [t for t, b in _rail_tx(r0["timeline"], 2) if t > up_cmd["t1"] and b > max(tx)]
+    assert back and back[0] - up_cmd["t1"] <= 1.0, (up_cmd, back[:3])

@@ -278,25 +278,33 @@ void Monitor::sample(int64_t now) {
       if (bw[k] <= 0) continue;
       const RailStats& s = stats[k];
       RailTrack& t = rails_[{peer, s.rail}];
+      // Rails within 25% of the best count as equal: measurement noise (queues, token-bucket
+      // bursts) must not shrink a healthy rail's window.
       double target = std::clamp(bw[k] / best, kMinWeight, 1.0);
-      bool degraded = target < 0.5, restored = target >= 0.8;
-      if (degraded && !t.degraded) {
+      if (target >= 0.75) target = 1.0;
+      // Two samples in a row must agree before anything changes (a lone sample may catch a
+      // slow start or a burst), and a weight changes at most every 200 ms.
+      t.below = target < 0.5 ? t.below + 1 : 0;
+      t.above = target >= 0.8 ? t.above + 1 : 0;
+      if (t.below >= 2 && !t.degraded) {
         t.degraded = true;
         emit({0, unix_s(), "degraded", peer, s.rail, s.local_nic_name,
               "delivers " + fmt_rate(bw[k]) + ", " + std::to_string(static_cast<int>(100 * bw[k] / best)) +
                   "% of its best sibling (" + fmt_rate(best) + ")"});
-      } else if (restored && t.degraded) {
+      } else if (t.above >= 2 && t.degraded) {
         t.degraded = false;
         emit({0, unix_s(), "restored", peer, s.rail, s.local_nic_name,
               "delivers " + fmt_rate(bw[k]) + " again (best sibling " + fmt_rate(best) + ")"});
       }
       if (!cfg_.adaptive_weights) continue;
-      // Hysteresis: only a change of more than 25%, at most every 200 ms per rail.
+      // Hysteresis: only a change of more than 25%.
       bool big = target < 0.8 * t.weight || target > 1.25 * t.weight;
-      if (big && now - t.weight_ns >= kWeightHoldNs) {
+      t.pending = big ? t.pending + 1 : 0;
+      if (t.pending >= 2 && now - t.weight_ns >= kWeightHoldNs) {
         ep_.set_rail_weight(peer, s.rail, target);
         t.weight = target;
         t.weight_ns = now;
+        t.pending = 0;
       }
     }
   }

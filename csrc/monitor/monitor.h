@@ -72,6 +72,7 @@ class Monitor {
     std::string state;
     uint64_t failures = 0, recoveries = 0;
     bool degraded = false;
+    int below = 0, above = 0, pending = 0;   // consecutive samples that agree
     std::string last_event;
     bool seen = false;
   };
