@@ -1,5 +1,6 @@
-"""Command line of jax_r2ccl: `python -m jax_r2ccl bench p2p ...` (benchmarks, see
-jax_r2ccl/bench/) and `python -m jax_r2ccl demo ...` (jax_r2ccl.demo). Each subcommand
+"""Command line of jax_r2ccl: `python -m jax_r2ccl bench p2p|allreduce|...|timeline ...`
+(benchmarks, see jax_r2ccl/bench/), `python -m jax_r2ccl doctor` (what this host has) and
+`python -m jax_r2ccl demo ...` (jax_r2ccl.demo). Each subcommand
 imports its module only when it runs."""
 
 from __future__ import annotations
@@ -19,6 +20,17 @@ def _bench_collective(args: argparse.Namespace) -> int:
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     from .bench import collective
     return collective.main(args)
+
+
+def _bench_timeline(args: argparse.Namespace) -> int:
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    from .bench import timeline
+    return timeline.main(args)
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    from . import doctor
+    return doctor.main(args)
 
 
 def _settings(args: argparse.Namespace) -> int:
@@ -46,6 +58,18 @@ def build_parser() -> argparse.ArgumentParser:
                                  description=collective.__doc__)
         collective.add_args(c)
         c.set_defaults(handler=_bench_collective)
+
+    from .bench import timeline
+    t = bench_sub.add_parser("timeline", help="per-rail throughput over time through a fault sequence (JSON + PNG)",
+                             description=timeline.__doc__)
+    timeline.add_args(t)
+    t.set_defaults(handler=_bench_timeline)
+
+    from . import doctor
+    d = sub.add_parser("doctor", help="NICs, GPUs, RDMA devices, topology and the configuration in force",
+                       description=doctor.__doc__)
+    doctor.add_args(d)
+    d.set_defaults(handler=_doctor)
 
     sub.add_parser("demo", help="the fault-tolerance demo (arguments go to jax_r2ccl.demo)",
                    add_help=False)

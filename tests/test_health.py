@@ -51,3 +51,32 @@ def test_nic_declared_down_fails_its_rails_on_both_ends_and_comes_back_when_up()
     back = [s["t"] for s in r0["timeline"] if s["t"] > up_at for r in s["rails"] if r["rail"] == 1 and r["state"] == "up"]
     assert back and back[0] - up_at <= 1.0, (up_at, back[:3])
     assert "rail_failed" in _kinds(r0["events"], 1) and "rail_recovered" in _kinds(r0["events"], 1), r0["events"]
+
+
+def test_prometheus_metrics_and_health_snapshot():
+    res = run_ranks("metrics_scrape", 2, nics=LOOPBACK4[:2], timeout=60)
+    assert res[1]["result"]["ok"]
+    text, snap = res[0]["result"]["text"], res[0]["result"]["health"]
+    for line in ('r2ccl_rail_up{nic="127.0.0.1",peer="1",rail="0",rank="0"} 1.0',
+                 'r2ccl_rail_failures_total{nic="127.0.0.2",peer="1",rail="1",rank="0"} 1.0',
+                 'r2ccl_nic_admitted{nic="127.0.0.2",rank="0"} 1.0'):
+        assert line in text, text
+    assert "r2ccl_rail_bandwidth_bytes_per_second" in text and "r2ccl_rail_tx_bytes_total" in text
+    rails = snap["peers"]["1"] if "1" in snap["peers"] else snap["peers"][1]
+    assert [r["rail"] for r in rails] == [0, 1] and rails[0]["tx_bytes"] > 0, rails
+    assert {"state", "weight", "bandwidth_Bps", "rtt_us", "failures", "last_event"} <= set(rails[0]), rails[0]
+
+
+def test_doctor_reports_without_gpu_or_rdma():
+    import json
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, "-m", "jax_r2ccl", "doctor", "--json"], capture_output=True, text=True,
+                         timeout=60, check=True).stdout
+    r = json.loads(out)
+    assert any(n["name"] == "lo" for n in r["nics"]), r["nics"]
+    assert any(line.startswith("NVML") for line in r["notes"]) and any(line.startswith("RDMA") for line in r["notes"])
+    assert {s["env"] for s in r["settings"]} >= {"R2CCL_NICS", "R2CCL_MONITOR_MS"}
+    text = subprocess.run([sys.executable, "-m", "jax_r2ccl", "doctor"], capture_output=True, text=True,
+                          timeout=60, check=True).stdout
+    assert "Settings in force" in text and "NICs" in text

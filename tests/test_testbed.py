@@ -127,3 +127,40 @@ def test_link_events_move_traffic_off_at_once_and_back_after_heal(bed):
     assert tx and max(tx) == min(tx), tx
     back = [t for t, b in _rail_tx(r0["timeline"], 2) if t > up_cmd["t1"] and b > max(tx)]
     assert back and back[0] - up_cmd["t1"] <= 1.0, (up_cmd, back[:3])
+
+
+def test_black_hole_is_left_within_300_ms(bed):
+    """Link up, nothing passes: the rail is failed by its stall timer while its siblings
+    progress, and its chunks move; bit-exact."""
+    res = run_monitored(bed, nbytes=32 << 20, iters=10,
+                        steps=[(0.4, 0, "cmd", f"bash {NETNS} blackhole 1 2"),
+                               (1.6, 0, "cmd", f"bash {NETNS} degrade 1 2 base")])
+    r0, r1 = res[0]["result"], res[1]["result"]
+    assert r1["wrong"] == 0
+    hole = r0["steps"][0]
+    failed = [e for e in r0["events"] if e["kind"] == "rail_failed" and e["rail"] == 2]
+    assert failed and "stalled" in failed[0]["detail"], r0["events"]
+    tx = [b for t, b in _rail_tx(r0["timeline"], 2) if hole["t1"] + 0.30 + 0.05 <= t <= r0["steps"][1]["t0"]]
+    assert tx and max(tx) == min(tx), tx
+
+
+def test_degraded_nic_gets_a_tenth_of_the_weight_and_loses_nothing(bed):
+    res = run_monitored(bed, nbytes=32 << 20, iters=12,
+                        steps=[(0.3, 0, "cmd", f"bash {NETNS} degrade 1 2 50mbit"),
+                               (2.3, 0, "cmd", f"bash {NETNS} degrade 1 2 base")])
+    r0, r1 = res[0]["result"], res[1]["result"]
+    assert r1["wrong"] == 0
+    assert any(e["kind"] == "degraded" and e["rail"] == 2 for e in r0["events"]), r0["events"]
+    w = [r["weight"] for s in r0["timeline"] if 1.3 <= s["t"] <= 2.3 for r in s["rails"] if r["rail"] == 2]
+    assert w and min(w) <= 0.2, w
+
+
+def test_flapping_link_is_held_down_and_nothing_is_lost(bed):
+    res = run_monitored(bed, nbytes=32 << 20, iters=16,
+                        steps=[(0.3, 0, "cmd", f"bash {NETNS} flap 1 2 50 20")])
+    r0, r1 = res[0]["result"], res[1]["result"]
+    assert r1["wrong"] == 0
+    downs = [e for e in r1["events"] if e["kind"] == "link_down" and e["nic"] == "nic2"]
+    assert len(downs) >= 10, r1["events"]
+    # the hold-down keeps the NIC out while it flaps: far fewer failovers than flaps
+    assert r0["stats"][2]["failures"] <= 5, r0["stats"][2]

@@ -537,3 +537,37 @@ def monitored_transfer(ep, rank, world, nbytes, iters, rate=None, steps=(), samp
     barrier(ep, rank, world)
     return {"times": times, "wrong": wrong, "events": events, "timeline": timeline, "steps": step_log,
             "stats": stats, "nics": nics, "t_start_unix": t_start}
+
+
+def metrics_scrape(ep, rank, world, nbytes=16 << 20):
+    """A transfer with the monitor on, then rank 0 scrapes jax_r2ccl.metrics over loopback."""
+    import urllib.request
+    from jax_r2ccl.health import HealthMonitor
+    from jax_r2ccl import metrics
+    peer = 1 - rank
+    mon = HealthMonitor(ep)
+    ref = pattern(nbytes, 3)
+    out = {}
+    if rank == 0:
+        ep.send(1, ref, tag=7)
+        ep.set_nic_state(1, False, "test")   # a NIC event so events and NIC metrics move
+        ep.set_nic_state(1, True, "test")
+        time.sleep(0.3)
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        s.close()
+        server, thread = metrics.serve(port, addr="127.0.0.1", monitor=mon)
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+                out["text"] = r.read().decode()
+        finally:
+            server.shutdown()
+        out["health"] = mon.snapshot()
+    else:
+        buf = np.empty(nbytes, np.uint8)
+        ep.recv(0, buf, tag=7)
+        out["ok"] = bool(np.array_equal(buf, ref))
+    mon.close()
+    barrier(ep, rank, world)
+    return out

@@ -37,6 +37,10 @@ struct RailStats {
 
 enum class Fault { kNone, kClose, kStall, kRate };
 
+struct NicInfo {
+  std::string name, ifname, addr;
+};
+
 class Engine;
 
 class Endpoint {
@@ -84,8 +88,8 @@ class Endpoint {
   // move to other rails), each peer is told on a live rail so it fails its end too, and
   // none is re-dialled until the NIC is declared up again, which re-dials at once.
   void set_nic_state(int nic, bool up, const std::string& why);
-  // Interface name (empty for an address-only NIC) and IPv4 address of each local NIC.
-  std::vector<std::pair<std::string, std::string>> nics() const;
+  // Each local NIC: as given, its kernel interface (empty if unknown), its IPv4 address.
+  std::vector<NicInfo> nics() const;
   // Peers added so far.
   std::vector<int> peers();
 

@@ -559,9 +559,9 @@ void Engine::set_nic_state(int nic, bool up, const std::string& why) {
   });
 }
 
-std::vector<std::pair<std::string, std::string>> Engine::nic_list() const {
-  std::vector<std::pair<std::string, std::string>> out;
-  for (auto& n : nics_) out.emplace_back(n.ifname, n.addr_str());
+std::vector<NicInfo> Engine::nic_list() const {
+  std::vector<NicInfo> out;
+  for (auto& n : nics_) out.push_back({n.name, n.ifname, n.addr_str()});
   return out;
 }
 
@@ -653,7 +653,7 @@ std::vector<RailStats> Endpoint::rail_stats(int peer) { return engine_->stats(pe
 void Endpoint::inject(int peer, int rail, Fault f, double rate) { engine_->inject(peer, rail, f, rate); }
 void Endpoint::set_rail_weight(int peer, int rail, double w) { engine_->set_weight(peer, rail, w); }
 void Endpoint::set_nic_state(int nic, bool up, const std::string& why) { engine_->set_nic_state(nic, up, why); }
-std::vector<std::pair<std::string, std::string>> Endpoint::nics() const { return engine_->nic_list(); }
+std::vector<NicInfo> Endpoint::nics() const { return engine_->nic_list(); }
 std::vector<int> Endpoint::peers() { return engine_->peer_list(); }
 void Endpoint::close() { engine_->shutdown(); }
 

@@ -59,7 +59,7 @@ class Engine {
   void inject(int peer, int rail, Fault fault, double rate);
   void set_weight(int peer, int rail, double w);
   void set_nic_state(int nic, bool up, const std::string& why);
-  std::vector<std::pair<std::string, std::string>> nic_list() const;
+  std::vector<NicInfo> nic_list() const;
   std::vector<int> peer_list();
   void shutdown();
 

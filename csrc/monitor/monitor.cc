@@ -71,11 +71,14 @@ std::string fmt_rate(double bps) {
 }  // namespace
 
 Monitor::Monitor(Endpoint& ep, const Config& cfg) : ep_(ep), cfg_(cfg) {
-  for (auto& [ifname, addr] : ep_.nics()) {
+  for (auto& info : ep_.nics()) {
     NicTrack n;
-    n.ifname = ifname;
-    n.addr = addr;
-    n.ifindex = ifname.empty() ? 0 : static_cast<int>(if_nametoindex(ifname.c_str()));
+    n.name = info.name;
+    n.ifname = info.ifname;
+    n.addr = info.addr;
+    // Loopback NICs are never watched: lo stays up, and many "NICs" may share it.
+    bool loop = info.addr.rfind("127.", 0) == 0;
+    n.ifindex = info.ifname.empty() || loop ? 0 : static_cast<int>(if_nametoindex(info.ifname.c_str()));
     nics_.push_back(n);
   }
   nl_fd_ = ::socket(AF_NETLINK, SOCK_RAW | SOCK_NONBLOCK | SOCK_CLOEXEC, NETLINK_ROUTE);
@@ -95,7 +98,7 @@ Monitor::Monitor(Endpoint& ep, const Config& cfg) : ep_(ep), cfg_(cfg) {
   std::lock_guard<std::mutex> g(mu_);
   for (size_t i = 0; i < nics_.size(); i++) {
     std::string why;
-    if (!sysfs_link_up(nics_[i].ifname, &why)) link_change(i, false, why);
+    if (nics_[i].ifindex && !sysfs_link_up(nics_[i].ifname, &why)) link_change(i, false, why);
   }
   thread_ = std::thread([this] { run(); });
 }
@@ -147,7 +150,7 @@ void Monitor::run() {
         if (!t.link_up || t.admitted) continue;
         t.admitted = true;
         ep_.set_nic_state(static_cast<int>(i), true, "link up and stable");
-        emit({0, unix_s(), "nic_readmitted", -1, -1, t.ifname.empty() ? t.addr : t.ifname,
+        emit({0, unix_s(), "nic_readmitted", -1, -1, t.name,
               "link stable through the hold-down; rails re-dialled"});
       }
       if (now >= next_sample) {
@@ -197,6 +200,7 @@ void Monitor::read_netlink() {
 
 void Monitor::poll_sysfs() {
   for (size_t i = 0; i < nics_.size(); i++) {
+    if (!nics_[i].ifindex) continue;
     std::string why = "link up (sysfs)";
     bool up = sysfs_link_up(nics_[i].ifname, &why);
     link_change(i, up, why);
@@ -207,7 +211,7 @@ void Monitor::link_change(size_t i, bool up, const std::string& why) {
   NicTrack& t = nics_[i];
   if (t.link_up == up) return;   // netlink repeats NEWLINK for every attribute change
   const int64_t now = mono_ns();
-  const std::string name = t.ifname.empty() ? t.addr : t.ifname;
+  const std::string name = t.name;
   t.link_up = up;
   if (!up) {
     t.downs.push_back(now);
@@ -344,7 +348,8 @@ std::vector<NicHealth> Monitor::nics() {
   std::vector<NicHealth> out;
   for (auto& t : nics_) {
     NicHealth h;
-    h.name = t.ifname;
+    h.name = t.name;
+    h.ifname = t.ifname;
     h.addr = t.addr;
     h.link_up = t.link_up;
     h.admitted = t.admitted;

@@ -42,10 +42,10 @@ struct RailHealth {
 };
 
 struct NicHealth {
-  std::string name, addr;
+  std::string name, ifname, addr;   // as given, kernel interface, IPv4 address
   bool link_up = true;        // as the kernel reports it
   bool admitted = true;       // carrying traffic (false: down or in hold-down)
-  std::string source;         // netlink, sysfs or none (no interface to watch)
+  std::string source;         // netlink, sysfs or none (loopback, or no interface to watch)
   int downs = 0;              // link-down events seen
 };
 
@@ -77,7 +77,7 @@ class Monitor {
     bool seen = false;
   };
   struct NicTrack {
-    std::string ifname, addr;
+    std::string name, ifname, addr;
     int ifindex = 0;
     bool link_up = true, admitted = true;
     int64_t readmit_ns = 0;     // hold-down end (0: none pending)

@@ -183,7 +183,6 @@ NB_MODULE(_core, m) {
             ep.set_nic_state(nic, up, why);
           },
           nb::arg("nic"), nb::arg("up"), nb::arg("why") = std::string("set by the caller"))
-      .def_prop_ro("nics", &Endpoint::nics)
       .def(
           "set_rail_weight",
           [](Endpoint& ep, int peer, int rail, double w) {
@@ -228,6 +227,7 @@ NB_MODULE(_core, m) {
              for (auto& n : ns) {
                nb::dict d;
                d["name"] = n.name;
+               d["ifname"] = n.ifname;
                d["addr"] = n.addr;
                d["link_up"] = n.link_up;
                d["admitted"] = n.admitted;
