@@ -29,8 +29,8 @@ def __getattr__(name):
         from . import runtime
         return getattr(runtime, name)
     if name in _HEALTH:
-        from . import health
-        return getattr(health, name)
+        from . import monitor
+        return getattr(monitor, name)
     if name in _OPS:
         from . import ops
         return getattr(ops, name)

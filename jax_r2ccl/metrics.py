@@ -26,7 +26,7 @@ class HealthCollector:
     def _mon(self):
         if self._monitor is not None:
             return self._monitor
-        from .health import _runtime_monitor
+        from .monitor import _runtime_monitor
         return _runtime_monitor()
 
     def collect(self):

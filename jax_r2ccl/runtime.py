@@ -44,7 +44,7 @@ def initialize(*, nics: Sequence[str] | None = None, config: Config | None = Non
         _core.runtime_install(ep._ep, ex, rank, float(config.timeout_s))
         monitor = None
         if config.monitor_ms > 0:
-            from .health import HealthMonitor
+            from .monitor import HealthMonitor
             monitor = HealthMonitor(ep)
         if not _state.get("ffi_registered"):
             for name, capsule in _core.ffi_targets().items():

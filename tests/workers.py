@@ -476,7 +476,7 @@ def monitored_transfer(ep, rank, world, nbytes, iters, rate=None, steps=(), samp
     action "rate" (cap rail `arg[0]` at arg[1] bytes/s), "nic" (set_nic_state(arg[0], arg[1]))
     or "cmd" (a shell command: the test bed). Returns per-iteration times, #wrong, the
     monitor's events, a timeline of rail weights and bandwidths (rank 0), step times."""
-    from jax_r2ccl.health import HealthMonitor
+    from jax_r2ccl.monitor import HealthMonitor
     peer = 1 - rank
     mon = HealthMonitor(ep)
     if rate and rank == 0:
@@ -542,7 +542,7 @@ def monitored_transfer(ep, rank, world, nbytes, iters, rate=None, steps=(), samp
 def metrics_scrape(ep, rank, world, nbytes=16 << 20):
     """A transfer with the monitor on, then rank 0 scrapes jax_r2ccl.metrics over loopback."""
     import urllib.request
-    from jax_r2ccl.health import HealthMonitor
+    from jax_r2ccl.monitor import HealthMonitor
     from jax_r2ccl import metrics
     peer = 1 - rank
     mon = HealthMonitor(ep)

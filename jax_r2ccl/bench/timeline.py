@@ -57,7 +57,7 @@ def main(args: argparse.Namespace) -> int:
     dist = Dist(args.coordinator, args.num_processes, args.process_id, args.timeout)
     from ..bootstrap import connect_jax
     from ..config import Config
-    from ..health import HealthMonitor
+    from ..monitor import HealthMonitor
     cfg = Config.from_env()
     nics = [n.strip() for n in args.nics.split(",") if n.strip()] if args.nics else cfg.nic_list()
     ep = connect_jax(nics=nics, config=cfg, prefix="bench-timeline", timeout=args.timeout)
