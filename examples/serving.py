@@ -28,43 +28,49 @@ import jax_r2ccl  # noqa: E402
 
 
 def init_params(key, vocab, d, ff, layers, n_model):
-    """Embedding and unembedding replicated; each layer's MLP split along "model":
-    w_in column-parallel (d x ff/n per process), w_out row-parallel (ff/n x d)."""
-    ks = jax.random.split(key, 2 * layers + 1)
+    """Embeddings (token, position) and unembedding replicated; each layer's MLP split along
+    "model": w_in column-parallel (d x ff/n per process), w_out row-parallel (ff/n x d)."""
+    ks = jax.random.split(key, 2 * layers + 3)
     emb = jax.random.normal(ks[0], (vocab, d)) * 0.5
+    pos = jax.random.normal(ks[-2], (4096, d)) * 0.5
+    unemb = jax.random.normal(ks[-1], (d, vocab)) / np.sqrt(d)
     w_in = jnp.stack([jax.random.normal(ks[1 + 2 * i], (d, ff)) / np.sqrt(d) for i in range(layers)])
     w_out = jnp.stack([jax.random.normal(ks[2 + 2 * i], (ff, d)) / np.sqrt(ff) for i in range(layers)])
-    return emb, w_in, w_out
+    return emb, pos, unemb, w_in, w_out
 
 
 def make_step(mesh, layers):
-    def local(emb, w_in, w_out, token):
-        x = emb[token]                                     # (1, d), the same on every process
+    def local(emb, pos, unemb, w_in, w_out, token, t):
+        x = emb[token] + pos[t]                            # (1, d), the same on every process
         for i in range(layers):
             h = jax.nn.gelu(x @ w_in[i])                   # (1, ff/n): this process's columns
             x = x + jax_r2ccl.psum(h @ w_out[i], "model")  # row-parallel: sum the partial outputs
             x = x / (1e-6 + jnp.sqrt(jnp.mean(x * x)))
-        logits = x @ emb.T
-        return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+        logits = x @ unemb
+        return jnp.argmax(logits, axis=-1).astype(jnp.int32), logits
     return jax.jit(jax.shard_map(local, mesh=mesh,
-                                 in_specs=(P(), P(None, None, "model"), P(None, "model", None), P()),
-                                 out_specs=P(), check_vma=False))
+                                 in_specs=(P(), P(), P(), P(None, None, "model"), P(None, "model", None), P(), P()),
+                                 out_specs=(P(), P()), check_vma=False))
 
 
 def generate(step, params, first, n_tokens, fault=None):
+    """Greedy decoding; returns the tokens, each step's time, and a digest of every step's
+    logits (bit-exact comparison of the two passes, not only of the argmax)."""
+    import hashlib
     tok = jnp.array([first], jnp.int32)
-    tokens, times = [], []
+    tokens, times, digest = [], [], hashlib.sha256()
     for t in range(n_tokens):
         if fault and t == fault["at"]:
             fault["thread"].start()
         t0 = time.perf_counter()
-        tok = step(*params, tok)
+        tok, logits = step(*params, tok, jnp.int32(t))
         tok.block_until_ready()
         times.append(time.perf_counter() - t0)
         tokens.append(int(np.asarray(tok)[0]))
+        digest.update(np.asarray(logits).tobytes())
         if fault and fault["t_done"] is not None and fault["step"] is None:
             fault["step"] = t   # the first step that ended after the command returned
-    return tokens, times
+    return tokens, times, digest.hexdigest()
 
 
 def main(argv=None):
@@ -86,14 +92,15 @@ def main(argv=None):
     mesh = Mesh(np.array(jax.devices()), ("model",))
     n = mesh.devices.size
     ff = 4 * a.d_model
-    emb, w_in, w_out = init_params(jax.random.key(7), a.vocab, a.d_model, ff, a.layers, n)
-    params = (jax.device_put(emb, NamedSharding(mesh, P())),
+    emb, pos, unemb, w_in, w_out = init_params(jax.random.key(7), a.vocab, a.d_model, ff, a.layers, n)
+    params = (jax.device_put(emb, NamedSharding(mesh, P())), jax.device_put(pos, NamedSharding(mesh, P())),
+              jax.device_put(unemb, NamedSharding(mesh, P())),
               jax.device_put(w_in, NamedSharding(mesh, P(None, None, "model"))),
               jax.device_put(w_out, NamedSharding(mesh, P(None, "model", None))))
     step = make_step(mesh, a.layers)
     generate(step, params, 1, 20)   # compile and warm up
 
-    clean, clean_t = generate(step, params, 1, a.tokens)
+    clean, clean_t, clean_d = generate(step, params, 1, a.tokens)
     fault = None
     if a.fault_cmd and a.fault_at_token is not None and a.process_id == 0:
         fault = {"at": a.fault_at_token, "t_done": None, "step": None, "rc": None}
@@ -104,12 +111,12 @@ def main(argv=None):
             fault.update(t_done=time.perf_counter(), cmd_s=time.perf_counter() - t0, rc=r.returncode,
                          out=(r.stdout + r.stderr).strip()[-300:])
         fault["thread"] = threading.Thread(target=run, daemon=True)
-    faulty, faulty_t = generate(step, params, 1, a.tokens, fault)
+    faulty, faulty_t, faulty_d = generate(step, params, 1, a.tokens, fault)
     if fault:
         fault["thread"].join(30)
     if a.heal_cmd and a.process_id == 0:
         subprocess.run(a.heal_cmd, shell=True, check=False)
-    same = clean == faulty
+    same = clean == faulty and clean_d == faulty_d
     ms = lambda xs: np.asarray(xs) * 1e3  # noqa: E731
     rc = 0 if same else 1
     if a.process_id == 0:
@@ -126,7 +133,8 @@ def main(argv=None):
             print(f"  fault: '{a.fault_cmd}' started at token {k0} (rc {fault['rc']}, {fault.get('cmd_s', 0):.3f} s); "
                   f"slowest step after it: token {hit}, {f[hit]:.3f} ms = {extra:+.3f} ms over the healthy p50")
             res.update(fault_at=k0, hit_token=hit, hit_extra_ms=float(extra), fault_rc=fault["rc"])
-        print(f"  tokens identical to the fault-free pass: {'yes' if same else 'NO'}")
+        print(f"  tokens and logits identical to the fault-free pass: {'yes' if same else 'NO'} "
+              f"({len(set(clean))} distinct tokens; logits digest {clean_d[:16]})")
         try:
             h = jax_r2ccl.health()
             for peer, rails in h["peers"].items():

@@ -549,7 +549,7 @@ void Engine::set_nic_state(int nic, bool up, const std::string& why) {
             break;
           }
         if (!up) {
-          fail_rail(ch, r, "link down: " + why, false);
+          if (r.state != RailState::kDown) fail_rail(ch, r, "link down: " + why, false);
         } else if (r.state == RailState::kDown) {
           r.next_attempt_ns = 0;   // re-dial now (the dialling side) or on the peer's notice
           if (ch.connector && r.fault != Fault::kClose && r.fault != Fault::kStall) start_connect(ch, r);

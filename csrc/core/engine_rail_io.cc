@@ -244,7 +244,8 @@ void Engine::rail_control(Channel& ch, Rail& r) {
       }
       Rail& t = *ch.rails[idx];
       if (!up) {
-        if (&t != &r) fail_rail(ch, t, "rank " + std::to_string(ch.peer) + " reports its link down", false);
+        if (&t != &r && t.state != RailState::kDown)
+          fail_rail(ch, t, "rank " + std::to_string(ch.peer) + " reports its link down", false);
       } else if (t.state == RailState::kDown) {
         t.next_attempt_ns = 0;
         if (ch.connector && t.fault != Fault::kClose && t.fault != Fault::kStall &&
