@@ -62,6 +62,7 @@ def test_prometheus_metrics_and_health_snapshot():
                  'r2ccl_nic_admitted{nic="127.0.0.2",rank="0"} 1.0'):
         assert line in text, text
     assert "r2ccl_rail_bandwidth_bytes_per_second" in text and "r2ccl_rail_tx_bytes_total" in text
+    assert {"rail_failed", "rail_recovered"} <= set(res[0]["result"]["callback_events"]), res[0]["result"]
     rails = snap["peers"]["1"] if "1" in snap["peers"] else snap["peers"][1]
     assert [r["rail"] for r in rails] == [0, 1] and rails[0]["tx_bytes"] > 0, rails
     assert {"state", "weight", "bandwidth_Bps", "rtt_us", "failures", "last_event"} <= set(rails[0]), rails[0]

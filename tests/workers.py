@@ -549,10 +549,17 @@ def metrics_scrape(ep, rank, world, nbytes=16 << 20):
     ref = pattern(nbytes, 3)
     out = {}
     if rank == 0:
+        seen = []
+        sub = mon.on_event(seen.append)
         ep.send(1, ref, tag=7)
         ep.set_nic_state(1, False, "test")   # a NIC event so events and NIC metrics move
         ep.set_nic_state(1, True, "test")
-        time.sleep(0.3)
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and not any(e["kind"] == "rail_recovered" for e in seen):
+            time.sleep(0.02)
+        sub.cancel()
+        out["callback_events"] = [e["kind"] for e in seen]
+        out["polled_events"] = [e["kind"] for e in mon.events()]
         s = socket.socket()
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

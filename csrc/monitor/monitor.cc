@@ -100,6 +100,8 @@ Monitor::Monitor(Endpoint& ep, const Config& cfg) : ep_(ep), cfg_(cfg) {
     std::string why;
     if (nics_[i].ifindex && !sysfs_link_up(nics_[i].ifname, &why)) link_change(i, false, why);
   }
+  // The baseline of every rail's counters: what happens from here on is reported.
+  sample(mono_ns());
   thread_ = std::thread([this] { run(); });
 }
 
