@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <dirent.h>
 #include <fstream>
 
 #include "base/log.h"
@@ -62,6 +63,16 @@ bool sysfs_link_up(const std::string& ifname, std::string* why) {
   return true;
 }
 
+std::vector<std::string> list_dir(const std::string& path) {
+  std::vector<std::string> out;
+  DIR* d = opendir(path.c_str());
+  if (!d) return out;
+  while (dirent* e = readdir(d))
+    if (e->d_name[0] != '.') out.push_back(e->d_name);
+  closedir(d);
+  return out;
+}
+
 std::string fmt_rate(double bps) {
   char b[64];
   std::snprintf(b, sizeof b, "%.1f MB/s", bps / 1e6);
@@ -79,6 +90,12 @@ Monitor::Monitor(Endpoint& ep, const Config& cfg) : ep_(ep), cfg_(cfg) {
     // Loopback NICs are never watched: lo stays up, and many "NICs" may share it.
     bool loop = info.addr.rfind("127.", 0) == 0;
     n.ifindex = info.ifname.empty() || loop ? 0 : static_cast<int>(if_nametoindex(info.ifname.c_str()));
+    if (n.ifindex) {   // an IPoIB or RoCE netdev: its IB ports' state counts too
+      std::string ib = "/sys/class/net/" + info.ifname + "/device/infiniband";
+      for (auto& dev : list_dir(ib))
+        for (auto& port : list_dir(ib + "/" + dev + "/ports"))
+          n.ib_ports.push_back(ib + "/" + dev + "/ports/" + port + "/state");
+    }
     nics_.push_back(n);
   }
   nl_fd_ = ::socket(AF_NETLINK, SOCK_RAW | SOCK_NONBLOCK | SOCK_CLOEXEC, NETLINK_ROUTE);
@@ -98,8 +115,11 @@ Monitor::Monitor(Endpoint& ep, const Config& cfg) : ep_(ep), cfg_(cfg) {
   std::lock_guard<std::mutex> g(mu_);
   for (size_t i = 0; i < nics_.size(); i++) {
     std::string why;
-    if (nics_[i].ifindex && !sysfs_link_up(nics_[i].ifname, &why)) link_change(i, false, why);
+    if (!nics_[i].ifindex) continue;
+    nics_[i].nl_up = sysfs_link_up(nics_[i].ifname, &why);
+    if (!nics_[i].nl_up) link_change(i, false, why);
   }
+  poll_ib();
   // The baseline of every rail's counters: what happens from here on is reported.
   sample(mono_ns());
   thread_ = std::thread([this] { run(); });
@@ -157,6 +177,7 @@ void Monitor::run() {
       }
       if (now >= next_sample) {
         if (nl_fd_ < 0) poll_sysfs();
+        poll_ib();
         sample(now);
         next_sample = now + interval;
       }
@@ -190,6 +211,8 @@ void Monitor::read_netlink() {
         bool admin_up = (ifi->ifi_flags & IFF_UP) != 0;
         bool running = (ifi->ifi_flags & IFF_RUNNING) != 0;
         bool up = nh->nlmsg_type == RTM_NEWLINK && admin_up && running;
+        nics_[i].nl_up = up;
+        up = up && nics_[i].ib_up;
         std::string why = nh->nlmsg_type == RTM_DELLINK ? "interface removed (netlink)"
                           : !admin_up                  ? "administratively down (netlink)"
                           : !running                   ? "carrier lost (netlink)"
@@ -205,7 +228,26 @@ void Monitor::poll_sysfs() {
     if (!nics_[i].ifindex) continue;
     std::string why = "link up (sysfs)";
     bool up = sysfs_link_up(nics_[i].ifname, &why);
-    link_change(i, up, why);
+    nics_[i].nl_up = up;
+    link_change(i, up && nics_[i].ib_up, why);
+  }
+}
+
+void Monitor::poll_ib() {
+  for (size_t i = 0; i < nics_.size(); i++) {
+    NicTrack& t = nics_[i];
+    if (t.ib_ports.empty()) continue;
+    bool active = false;
+    std::string states;
+    for (auto& path : t.ib_ports) {
+      std::string s = read_line(path);   // e.g. "4: ACTIVE", "1: DOWN"
+      active = active || s.find("ACTIVE") != std::string::npos;
+      states += (states.empty() ? "" : ", ") + s;
+    }
+    if (active == t.ib_up) continue;
+    t.ib_up = active;
+    link_change(i, t.nl_up && active, std::string(active ? "IB port active" : "no IB port active") + " (" + states +
+                                          ", sysfs)");
   }
 }
 

@@ -1,7 +1,8 @@
 // The host-side health monitor: one thread per endpoint that watches every rail and NIC and
 // steers the endpoint through its two seams (set_nic_state, set_rail_weight).
 //   - Link state from the kernel as events (netlink RTM_NEWLINK; sysfs operstate/carrier
-//     polled when netlink is unavailable): a NIC going down fails its rails at once; coming
+//     polled when netlink is unavailable; InfiniBand/RoCE port state polled from sysfs where
+//     the netdev has IB ports): a NIC going down fails its rails at once; coming
 //     back it is re-admitted after a hold-down that grows while the link flaps.
 //   - Delivered bandwidth per rail: acknowledged bytes over the time the rail had bytes in
 //     flight, smoothed; weights follow it (with hysteresis), so a degraded rail carries a
@@ -80,6 +81,8 @@ class Monitor {
     std::string name, ifname, addr;
     int ifindex = 0;
     bool link_up = true, admitted = true;
+    bool nl_up = true, ib_up = true;         // the netdev's state; its InfiniBand ports' state
+    std::vector<std::string> ib_ports;       // sysfs state files of the netdev's IB/RoCE ports
     int64_t readmit_ns = 0;     // hold-down end (0: none pending)
     std::deque<int64_t> downs;  // recent link-down times
     int total_downs = 0;
@@ -88,6 +91,7 @@ class Monitor {
   void run();
   void read_netlink();
   void poll_sysfs();
+  void poll_ib();
   void link_change(size_t nic, bool up, const std::string& why);
   void sample(int64_t now);
   void emit(Event e);   // these run with mu_ held
