@@ -53,7 +53,8 @@ class FileStore:
 def connect(store: KeyValueStore, rank: int, world: int, *, nics=None, config: Config | None = None,
             prefix: str = "r2ccl", timeout: float | None = None) -> Endpoint:
     """Opens an endpoint on this rank, publishes its addresses, connects to every other
-    rank and waits until every rail is up. The secret comes from R2CCL_SECRET or is made
+    rank and waits until every rail is up (or, after a grace period, until every peer has
+    one: a NIC down at start does not hold the job). The secret comes from R2CCL_SECRET or is made
     by rank 0 and shared through the store."""
     config = config or Config.from_env()
     timeout = config.bootstrap_timeout_s if timeout is None else timeout
@@ -73,7 +74,9 @@ def connect(store: KeyValueStore, rank: int, world: int, *, nics=None, config: C
             if peer != rank:
                 addrs = json.loads(store.get(f"{prefix}/addr/{peer}", timeout).decode())
                 ep.add_peer(peer, addrs)
-        ep.wait_ready(timeout=timeout)
+        # A NIC that is down at start must not hold the job: after a grace period, one rail per
+        # peer is enough (the others keep re-dialling and join when their link comes up).
+        ep.wait_ready(timeout=timeout, degraded_after=max(2.0, 2 * config.connect_timeout_ms / 1000))
         # Everyone's rails are up before anyone starts: a rank that returned early could
         # otherwise act on its rails while a peer still waits for them.
         store.set(f"{prefix}/ready/{rank}", b"1")

@@ -77,9 +77,14 @@ class Endpoint:
         self._ep.add_peer(int(peer), list(addresses))
         self.peers.append(int(peer))
 
-    def wait_ready(self, peers: Sequence[int] | None = None, timeout: float | None = None) -> None:
+    def wait_ready(self, peers: Sequence[int] | None = None, timeout: float | None = None,
+                   degraded_after: float | None = None) -> None:
+        """Waits until every rail to the peers is up (R2cclError naming the missing ones on
+        timeout). degraded_after: after that many seconds, settle for at least one rail per
+        peer (the rest are logged and keep re-dialling)."""
         peers = self.peers if peers is None else list(peers)
-        self._ep.wait_ready(peers, self.config.timeout_s if timeout is None else float(timeout))
+        self._ep.wait_ready(peers, self.config.timeout_s if timeout is None else float(timeout),
+                            -1.0 if degraded_after is None else float(degraded_after))
 
     def isend(self, peer: int, array: np.ndarray, tag: int = 0) -> Request:
         buf = _as_buffer(array, writable=False)

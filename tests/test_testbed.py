@@ -164,3 +164,15 @@ def test_flapping_link_is_held_down_and_nothing_is_lost(bed):
     assert len(downs) >= 10, r1["events"]
     # the hold-down keeps the NIC out while it flaps: far fewer failovers than flaps
     assert r0["stats"][2]["failures"] <= 5, r0["stats"][2]
+
+
+def test_a_nic_down_at_start_does_not_hold_the_job_and_joins_when_healed(bed):
+    netns("fail", 1, 2)
+    try:
+        res = run_pair(bed, nbytes=64 << 20, iters=3, fault_cmd="true", fault_after_s=0.0,
+                       heal_cmd=f"bash {NETNS} heal 1 2", heal_after_s=0.3)
+    finally:
+        netns("heal", 1, 2)
+    r0, r1 = (r["result"] for r in res)
+    assert r1["wrong"] == 0
+    assert r0["stats"][2]["state"] == "up" and r0["stats"][2]["tx_bytes"] > 0, r0["stats"][2]

@@ -60,8 +60,10 @@ class Endpoint {
   // Declares a peer and its listen addresses (its addresses()); rails start connecting.
   void add_peer(int peer, const std::vector<std::string>& addresses);
   // Waits until every rail to every given peer is up. Throws Error(kTimeout) naming the
-  // rails still missing; rails that came up are kept.
-  void wait_ready(const std::vector<int>& peers, double timeout_s);
+  // rails still missing; rails that came up are kept. With degraded_after_s >= 0, returns
+  // after that long once every peer has at least one rail up (a NIC down at start: the job
+  // starts degraded, the missing rails are logged and keep re-dialling).
+  void wait_ready(const std::vector<int>& peers, double timeout_s, double degraded_after_s = -1);
 
   // on_finish (optional) runs once on the engine thread when the request finishes: keep it short.
   std::shared_ptr<Request> post_send(int peer, uint64_t tag, const void* buf, uint64_t len,

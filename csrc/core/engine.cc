@@ -595,16 +595,30 @@ int Endpoint::world() const { return engine_->world(); }
 std::vector<std::string> Endpoint::addresses() const { return engine_->addresses(); }
 void Endpoint::add_peer(int peer, const std::vector<std::string>& a) { engine_->add_peer(peer, a); }
 
-void Endpoint::wait_ready(const std::vector<int>& peers, double timeout_s) {
-  int64_t deadline = now_ns() + static_cast<int64_t>(timeout_s * 1e9);
+void Endpoint::wait_ready(const std::vector<int>& peers, double timeout_s, double degraded_after_s) {
+  const int64_t start = now_ns();
+  int64_t deadline = start + static_cast<int64_t>(timeout_s * 1e9);
   for (;;) {
     std::string missing;
-    for (int p : peers)
-      for (auto& s : engine_->stats(p))
-        if (s.state != "up")
-          missing += "\n  rank " + std::to_string(p) + " rail " + std::to_string(s.rail) + " (" + s.local_addr + " -> " +
-                     s.remote_addr + "): " + s.state + (s.last_error.empty() ? "" : ", " + s.last_error);
+    bool every_peer_has_one = true;
+    for (int p : peers) {
+      bool one = false;
+      for (auto& s : engine_->stats(p)) {
+        if (s.state == "up") {
+          one = true;
+          continue;
+        }
+        missing += "\n  rank " + std::to_string(p) + " rail " + std::to_string(s.rail) + " (" + s.local_addr + " -> " +
+                   s.remote_addr + "): " + s.state + (s.last_error.empty() ? "" : ", " + s.last_error);
+      }
+      every_peer_has_one = every_peer_has_one && one;
+    }
     if (missing.empty()) return;
+    if (degraded_after_s >= 0 && every_peer_has_one && now_ns() - start > static_cast<int64_t>(degraded_after_s * 1e9)) {
+      R2_WARN("starting degraded: these rails are not up after %.1f s and keep re-dialling:%s", degraded_after_s,
+              missing.c_str());
+      return;
+    }
     if (now_ns() > deadline)
       throw Error(Cause::kTimeout, peers.size() == 1 ? peers[0] : -1,
                   "rails not up after " + std::to_string(timeout_s) + " s:" + missing);

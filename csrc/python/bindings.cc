@@ -134,11 +134,11 @@ NB_MODULE(_core, m) {
       .def("add_peer", &Endpoint::add_peer, nb::arg("peer"), nb::arg("addresses"))
       .def(
           "wait_ready",
-          [](Endpoint& ep, const std::vector<int>& peers, double timeout) {
+          [](Endpoint& ep, const std::vector<int>& peers, double timeout, double degraded_after) {
             nb::gil_scoped_release nogil;
-            ep.wait_ready(peers, timeout);
+            ep.wait_ready(peers, timeout, degraded_after);
           },
-          nb::arg("peers"), nb::arg("timeout"))
+          nb::arg("peers"), nb::arg("timeout"), nb::arg("degraded_after") = -1.0)
       .def(
           "isend",
           [](Endpoint& ep, int peer, Buffer buf, uint64_t tag, nb::handle owner) {
