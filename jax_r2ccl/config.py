@@ -73,6 +73,12 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("R2CCL_LINK_HOLDDOWN_MS", "link_holddown_ms", int, 100,
             "A NIC whose link comes back up is re-admitted after this long, doubled for every "
             "further link failure in the last 10 s (up to 16x): a flapping link stays out."),
+    Setting("R2CCL_PLAN", "plan", str, "auto",
+            "All-reduce plan for large messages: which share each process owns (reduces and sends "
+            "back). balance: equal; r2cc: R2CCL's R2CC-AllReduce; weighted: by capacity; optimal: "
+            "min-max of the cost model; auto: the model's fastest. Capacities come from the health "
+            "monitor and travel with each call, so every process runs the same plan. Results are "
+            "bit-identical under every plan. Must be equal on every process."),
     Setting("R2CCL_SYNC_WAIT_US", "sync_wait_us", int, 1000,
             "Microseconds XLA's thread waits inside the custom call for a small collective (<= 64 "
             "KiB) that is the process's only one in flight, so the program continues on that thread "
@@ -125,6 +131,7 @@ class Config:
     monitor_ms: int = 50
     adaptive_weights: bool = True
     link_holddown_ms: int = 100
+    plan: str = "auto"
     sync_wait_us: int = 1000
     secret: str = ""
     debug: str = "WARN"

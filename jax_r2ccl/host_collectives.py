@@ -45,7 +45,8 @@ class HostCollectives:
 
     def run(self, kind: str, inputs: Sequence[np.ndarray], *, process_of_rank: Sequence[int],
             my_ranks: Sequence[int], op: str = "sum", root: int = 0, timeout: float | None = None,
-            outputs: Sequence[np.ndarray] | None = None) -> list[np.ndarray]:
+            outputs: Sequence[np.ndarray] | None = None, plan: str = "") -> list[np.ndarray]:
+        """plan: the all-reduce plan for this call (default R2CCL_PLAN); equal on every process."""
         if kind not in KINDS:
             raise R2cclError(f"unknown collective {kind!r}; one of {', '.join(KINDS)}")
         if op not in OPS:
@@ -66,8 +67,17 @@ class HostCollectives:
         flat_out = [o.reshape(-1).view(np.uint8) for o in outputs]
         self._ex.run(kind, dtype.name, op, int(root), self._tag(), list(map(int, process_of_rank)),
                      list(map(int, my_ranks)), flat_in, flat_out, count,
-                     float(self._ep.config.timeout_s if timeout is None else timeout), kind)
+                     float(self._ep.config.timeout_s if timeout is None else timeout), kind, str(plan))
         return list(outputs)
+
+    def set_capacity(self, source) -> None:
+        """This process's capacity for the all-reduce planner: a HealthMonitor, a number
+        (bandwidth in healthy-NIC units) or None (every process equal)."""
+        self._ex.set_capacity_source(getattr(source, "_mon", source))
+
+    def last_plan(self) -> dict:
+        """The plan the last large all-reduce ran with: plan, shares, capacities, processes."""
+        return self._ex.last_plan()
 
     def close(self) -> None:
         self._ex.close()

@@ -46,12 +46,21 @@ def initialize(*, nics: Sequence[str] | None = None, config: Config | None = Non
         if config.monitor_ms > 0:
             from .monitor import HealthMonitor
             monitor = HealthMonitor(ep)
+            ex.set_capacity_source(monitor._mon)   # the all-reduce planner's input
         if not _state.get("ffi_registered"):
             for name, capsule in _core.ffi_targets().items():
                 jax.ffi.register_ffi_target(name, capsule, platform="cpu")
         _state.update(endpoint=ep, executor=ex, monitor=monitor, rank=rank, world=world, config=config,
                       ffi_registered=True)
         return ep
+
+
+def last_plan() -> dict:
+    """The plan (and every process's capacity) the last large all-reduce of this process ran
+    with: {"plan", "shares", "capacities", "processes", "bytes", "serial"}."""
+    if "executor" not in _state:
+        raise R2cclError("jax_r2ccl.initialize() has not been called in this process")
+    return _state["executor"].last_plan()
 
 
 def is_initialized() -> bool:
@@ -78,6 +87,7 @@ def shutdown(timeout: float | None = None) -> None:
                 pass
         _core.runtime_uninstall()
         if _state.get("monitor") is not None:
+            _state["executor"].set_capacity_source(None)
             _state["monitor"].close()
         _state["executor"].close()
         _state["endpoint"].close()

@@ -434,7 +434,9 @@ def host_mismatch(ep, rank, world, what):
     the next collective works."""
     from jax_r2ccl.host_collectives import HostCollectives
     hc = HostCollectives(ep)
-    n, dt, op = 1000, np.float32, "sum"
+    n, dt, op, plan = 1000, np.float32, "sum", ""
+    if what == "plan":   # a large all-reduce: the planned path
+        n, plan = 100_000, ("optimal" if rank == 1 else "balance")
     if rank == 1:
         if what == "size":
             n = 2000
@@ -445,7 +447,7 @@ def host_mismatch(ep, rank, world, what):
     out = {}
     try:
         hc.run("all_reduce", [np.ones(n, dt)], process_of_rank=list(range(world)), my_ranks=[rank], op=op,
-               timeout=5.0)
+               timeout=5.0, plan=plan)
         out["error"] = None
     except R2cclError as e:
         out.update(error=str(e), cause=e.cause)
@@ -577,4 +579,32 @@ def metrics_scrape(ep, rank, world, nbytes=16 << 20):
         out["ok"] = bool(np.array_equal(buf, ref))
     mon.close()
     barrier(ep, rank, world)
+    return out
+
+
+def plans_bit_exact(ep, rank, world, capacities, cases, local=1):
+    """Every all-reduce plan on the same inputs with this process's capacity set to
+    capacities[rank]: each output checked bit for bit against the canonical-order reference,
+    and the plan each call ran with recorded (a digest of each output too)."""
+    import hashlib
+    import ml_dtypes  # noqa: F401
+    from jax_r2ccl.host_collectives import HostCollectives
+    hc = HostCollectives(ep)
+    hc.set_capacity(capacities[rank])
+    process_of_rank = [p for p in range(world) for _ in range(local)]
+    my_ranks = [r for r, p in enumerate(process_of_rank) if p == rank]
+    out = []
+    for i, (dtype, op, count) in enumerate(cases):
+        ins = {r: _rank_input("all_reduce", dtype, count, r, seed=i) for r in range(len(process_of_rank))}
+        ref = host_reference("all_reduce", op, [ins[r] for r in range(len(process_of_rank))], process_of_rank)
+        for plan in ("balance", "r2cc", "weighted", "optimal", "auto"):
+            outs = hc.run("all_reduce", [ins[r] for r in my_ranks], process_of_rank=process_of_rank,
+                          my_ranks=my_ranks, op=op, plan=plan)
+            exact = all(o.tobytes() == ref[r].tobytes() for r, o in zip(my_ranks, outs))
+            lp = hc.last_plan()
+            out.append({"case": [dtype, op, count], "plan": plan, "ran": lp["plan"], "shares": lp["shares"],
+                        "capacities": lp["capacities"], "exact": exact,
+                        "digest": hashlib.sha256(b"".join(o.tobytes() for o in outs)).hexdigest()})
+    barrier(ep, rank, world)
+    hc.close()
     return out

@@ -26,6 +26,7 @@ struct Config {
   int monitor_ms = 50;                       // R2CCL_MONITOR_MS: health monitor sampling period (0: no monitor)
   bool adaptive_weights = true;              // R2CCL_ADAPTIVE_WEIGHTS: rail weights follow measured bandwidth
   int link_holddown_ms = 100;                // R2CCL_LINK_HOLDDOWN_MS: a NIC back up waits this long (x2 per recent flap)
+  std::string plan = "auto";                 // R2CCL_PLAN: all-reduce plan (auto, balance, r2cc, weighted, optimal)
   int sync_wait_us = 1000;                   // R2CCL_SYNC_WAIT_US: XLA's thread waits this long for a lone small collective
   int debug_level = 1;                       // R2CCL_DEBUG: 0 ERROR, 1 WARN, 2 INFO, 3 TRACE
 

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <array>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <future>
 #include <map>
@@ -58,6 +59,9 @@ std::string validate(const ProcessCall& c, int my_process) {
            " elements over " + std::to_string(n) + " ranks)";
   if (c.kind == Kind::kBroadcast && (c.root < 0 || c.root >= n))
     return "broadcast root " + std::to_string(c.root) + " is outside the group of " + std::to_string(n);
+  PlanKind pk;
+  if (!c.plan.empty() && !parse_plan(c.plan, &pk))
+    return "unknown all-reduce plan '" + c.plan + "' (use auto, balance, r2cc, weighted or optimal)";
   if (c.dtype == DType::kBool && (c.op == ReduceOp::kSum || c.op == ReduceOp::kProd) &&
       (c.kind == Kind::kAllReduce || c.kind == Kind::kReduceScatter))
     return std::string("a ") + reduce_op_name(c.op) + " over bool is not defined (use max or min)";
@@ -93,8 +97,10 @@ bool overlaps(const void* a, uint64_t an, const void* b, uint64_t bn) {
 
 class Executor::Op {
  public:
-  Op(Endpoint& ep, ProcessCall c, int my_process, const CollectiveOptions& opt)
-      : ep_(ep), c_(std::move(c)), me_(my_process), opt_(opt), esize_(dtype_size(c_.dtype)) {
+  Op(Executor* ex, Endpoint& ep, ProcessCall c, int my_process, const CollectiveOptions& opt)
+      : ex_(ex), ep_(ep), c_(std::move(c)), me_(my_process), opt_(opt), esize_(dtype_size(c_.dtype)) {
+    plan_kind_ = opt_.plan;
+    if (!c_.plan.empty()) parse_plan(c_.plan, &plan_kind_);   // validated by validate()
     deadline_ns_ = mono_ns() + static_cast<int64_t>(c_.timeout_s * kNs);
     for (int p : c_.process_of_rank)
       if (std::find(procs_.begin(), procs_.end(), p) == procs_.end()) procs_.push_back(p);
@@ -150,12 +156,13 @@ class Executor::Op {
         Error e(m.req->error_cause(), m.peer_process, describe() + ": " + m.req->error_message());
         return finish(&e);
       }
+    if (plan_pending_) post_planned();
     bool progress = true;
     while (progress) {
       progress = false;
       for (auto& pc : pieces_) progress |= fold(pc);
     }
-    bool all_done = std::all_of(pieces_.begin(), pieces_.end(), [](const Piece& p) { return p.done; }) &&
+    bool all_done = !plan_pending_ && std::all_of(pieces_.begin(), pieces_.end(), [](const Piece& p) { return p.done; }) &&
                     std::all_of(msgs_.begin(), msgs_.end(), [](const Msg& m) { return m.req && m.req->finished(); });
     if (all_done) {
       for (auto& cp : final_copies_) std::memmove(cp.dst, cp.src, cp.bytes);
@@ -314,7 +321,9 @@ class Executor::Op {
   std::array<uint64_t, 4> signature() const {
     uint64_t group_hash = 0xCBF29CE484222325ull;
     for (int p : c_.process_of_rank) group_hash = (group_hash ^ static_cast<uint64_t>(p)) * 0x100000001B3ull;
-    return {static_cast<uint64_t>(c_.kind) | static_cast<uint64_t>(c_.dtype) << 8 | static_cast<uint64_t>(c_.op) << 16,
+    const uint64_t plan = c_.kind == Kind::kAllReduce ? static_cast<uint64_t>(plan_kind_) : 0;
+    return {static_cast<uint64_t>(c_.kind) | static_cast<uint64_t>(c_.dtype) << 8 | static_cast<uint64_t>(c_.op) << 16 |
+                plan << 24,
             c_.count, static_cast<uint64_t>(c_.root), group_hash};
   }
 
@@ -322,22 +331,63 @@ class Executor::Op {
     auto kind = static_cast<Kind>(s[0] & 0xff);
     auto dtype = static_cast<DType>((s[0] >> 8) & 0xff);
     auto op = static_cast<ReduceOp>((s[0] >> 16) & 0xff);
-    if ((s[0] & 0xff) > 4 || ((s[0] >> 8) & 0xff) > 10 || ((s[0] >> 16) & 0xff) > 3) return "an unknown collective";
+    auto plan = static_cast<PlanKind>((s[0] >> 24) & 0xff);
+    if ((s[0] & 0xff) > 4 || ((s[0] >> 8) & 0xff) > 10 || ((s[0] >> 16) & 0xff) > 3 || ((s[0] >> 24) & 0xff) > 4)
+      return "an unknown collective";
     return std::string(kind_name(kind)) + " of " + std::to_string(s[1]) + " " + dtype_name(dtype) + " (" +
-           reduce_op_name(op) + ", root " + std::to_string(s[2]) + ")";
+           reduce_op_name(op) + ", root " + std::to_string(s[2]) +
+           (kind == Kind::kAllReduce ? std::string(", plan ") + plan_name(plan) : std::string()) + ")";
   }
 
   // Separate signature messages (large collectives; small all-reduces carry theirs in front
   // of their data, see reduce_segment_all).
-  void exchange_signatures() {
+  // A planned all-reduce appends this process's capacity (a double) to its signature.
+  void exchange_signatures(bool with_capacity = false) {
     if (procs_.size() < 2) return;
     uint64_t tag = mix_tag(c_.tag, 0, 0, 0, 0);
+    const uint64_t len = kSigBytes + (with_capacity ? sizeof(double) : 0);
+    uint8_t* mine = temp(len);
+    std::memcpy(mine, my_sig_.data(), kSigBytes);
+    if (with_capacity) std::memcpy(mine + kSigBytes, &my_capacity_, sizeof(double));
     for (int q : procs_) {
       if (q == me_) continue;
-      send(q, tag, my_sig_.data(), kSigBytes);
-      uint8_t* b = temp(kSigBytes);
-      sig_msgs_.push_back({recv(q, tag, b, kSigBytes), q, b});
+      send(q, tag, mine, len);
+      uint8_t* b = temp(len);
+      sig_msgs_.push_back({recv(q, tag, b, len), q, b});
     }
+  }
+
+  // Once every capacity is here: the plan, the same on every process (a pure function of
+  // the capacities in canonical order), then the owners' segments are posted.
+  void post_planned() {
+    for (const SigMsg& sm : sig_msgs_)
+      if (!msgs_[sm.msg].req->finished() || msgs_[sm.msg].req->failed()) return;
+    const int P = static_cast<int>(procs_.size());
+    std::vector<double> caps(static_cast<size_t>(P), 0.0);
+    for (int qi = 0; qi < P; qi++) {
+      if (procs_[qi] == me_) {
+        caps[static_cast<size_t>(qi)] = my_capacity_;
+        continue;
+      }
+      for (const SigMsg& sm : sig_msgs_)
+        if (sm.peer_process == procs_[qi]) std::memcpy(&caps[static_cast<size_t>(qi)], sm.where + kSigBytes, sizeof(double));
+    }
+    const uint64_t N = c_.count;
+    PlanChoice pc = choose_plan(plan_kind_, caps, static_cast<double>(N * esize_), 1.0, 0.0);
+    std::vector<uint64_t> b = share_boundaries(pc.shares, N);
+    for (int qi = 0; qi < P; qi++)
+      reduce_segment(1, static_cast<uint64_t>(qi), qi, S_, b[static_cast<size_t>(qi)],
+                     b[static_cast<size_t>(qi) + 1] - b[static_cast<size_t>(qi)], at(c_.out[0], b[static_cast<size_t>(qi)]),
+                     true);
+    plan_pending_ = false;
+    std::lock_guard<std::mutex> g(ex_->plan_mu_);
+    PlanRecord& r = ex_->last_plan_;
+    r.kind = pc.kind;
+    r.shares = pc.shares;
+    r.capacities = caps;
+    r.processes = procs_;
+    r.bytes = N * esize_;
+    r.serial++;
   }
 
   // Returns false (after failing the call) when a peer's signature differs. Note: the fold of
@@ -367,7 +417,17 @@ class Executor::Op {
     const uint64_t N = c_.count;
     const bool small_all_reduce = c_.kind == Kind::kAllReduce && N * esize_ <= opt_.small_bytes;
     inline_ok_ = small_all_reduce && P > 1;
-    if (!small_all_reduce) exchange_signatures();
+    const bool planned = c_.kind == Kind::kAllReduce && !small_all_reduce && P > 1;
+    if (planned) {
+      std::function<double()> source;
+      {
+        std::lock_guard<std::mutex> g(ex_->plan_mu_);
+        source = ex_->capacity_;
+      }
+      my_capacity_ = source ? source() : 1.0;
+      if (!std::isfinite(my_capacity_) || my_capacity_ < 0) my_capacity_ = 0;
+    }
+    if (!small_all_reduce) exchange_signatures(planned);
     switch (c_.kind) {
       case Kind::kAllReduce: {
         // Inputs that alias outputs must be copied: other shards' results land in out[0].
@@ -379,10 +439,10 @@ class Executor::Op {
           // One step: every process gets every S_p and folds them in canonical order.
           reduce_segment_all(S, N);
         } else {
-          for (int qi = 0; qi < P; qi++) {
-            uint64_t a = N * static_cast<uint64_t>(qi) / P, b = N * static_cast<uint64_t>(qi + 1) / P;
-            reduce_segment(1, static_cast<uint64_t>(qi), qi, S, a, b - a, at(c_.out[0], a), true);
-          }
+          // Owners and their shares wait for every process's capacity, which travels with
+          // the signatures (post_planned): the same plan on every process, per call.
+          S_ = S;
+          plan_pending_ = true;
         }
         copy_out_to_other_locals(N);
         break;
@@ -490,10 +550,15 @@ class Executor::Op {
     pieces_.push_back(std::move(pc));
   }
 
+  Executor* ex_;
   Endpoint& ep_;
   ProcessCall c_;
   int me_;
   CollectiveOptions opt_;
+  PlanKind plan_kind_ = PlanKind::kAuto;
+  bool plan_pending_ = false;     // a large all-reduce waiting for every capacity
+  double my_capacity_ = 1.0;
+  const uint8_t* S_ = nullptr;    // this process's local sum, for the owners' segments
   std::function<void()> wake_;
   std::mutex step_mu_;       // step() runs on the executor, or inline on the engine thread
   bool inline_ok_ = false;
@@ -519,6 +584,8 @@ class Executor::Op {
 
 Executor::Executor(Endpoint& ep, int my_process, CollectiveOptions opt)
     : ep_(ep), my_process_(my_process), opt_(opt) {
+  if (!parse_plan(ep.config().plan, &opt_.plan))
+    throw Error(Cause::kInvalidArgument, -1, "R2CCL_PLAN=" + ep.config().plan + " is not a plan");
   thread_ = std::thread([this] { loop(); });
 }
 
@@ -541,7 +608,7 @@ void Executor::submit(ProcessCall call) {
     if (call.done) call.done(&e);
     return;
   }
-  auto op = std::make_shared<Op>(ep_, std::move(call), my_process_, opt_);
+  auto op = std::make_shared<Op>(this, ep_, std::move(call), my_process_, opt_);
   std::weak_ptr<Op> weak = op;
   op->set_wake([this, weak] {
     if (auto o = weak.lock())
@@ -568,6 +635,16 @@ void Executor::submit(ProcessCall call) {
     wake_ = wake_ || wake;
   }
   if (wake) cv_.notify_one();
+}
+
+void Executor::set_capacity_source(std::function<double()> fn) {
+  std::lock_guard<std::mutex> g(plan_mu_);
+  capacity_ = std::move(fn);
+}
+
+PlanRecord Executor::last_plan() {
+  std::lock_guard<std::mutex> g(plan_mu_);
+  return last_plan_;
 }
 
 void Executor::run(ProcessCall call) {

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "base/error.h"
+#include "coll/plan.h"
 #include "coll/reduce.h"
 #include "core/endpoint.h"
 
@@ -42,6 +43,7 @@ struct ProcessCall {
   std::vector<void*> out;                // per entry of my_ranks
   uint64_t count = 0;                    // elements of each rank's input
   double timeout_s = 30.0;
+  std::string plan;                      // all-reduce plan for this call ("": R2CCL_PLAN); equal everywhere
   std::string what;                      // for error messages, e.g. "psum over ('data',)"
   // Runs once, on the executor thread, when the call finished (error null) or failed.
   std::function<void(const Error*)> done;
@@ -52,9 +54,19 @@ uint64_t output_count(Kind k, uint64_t count, int n_ranks);
 // Checks a call's shape before it runs; returns a sentence, or empty when it is valid.
 std::string validate(const ProcessCall& c, int my_process);
 
+// The plan one large all-reduce ran with (Executor::last_plan).
+struct PlanRecord {
+  PlanKind kind = PlanKind::kBalance;
+  std::vector<double> shares, capacities;   // per process of the group, canonical order
+  std::vector<int> processes;
+  uint64_t bytes = 0;
+  uint64_t serial = 0;                      // how many planned all-reduces this executor ran
+};
+
 struct CollectiveOptions {
   uint64_t piece_bytes = 1 << 20;        // pipelining unit of large reductions
   uint64_t small_bytes = 64 << 10;       // at or below: one-step exchange (latency)
+  PlanKind plan = PlanKind::kAuto;       // R2CCL_PLAN
 };
 
 class Executor {
@@ -68,6 +80,10 @@ class Executor {
   void submit(ProcessCall call);
   // Runs a call and waits for it (for tests and benchmarks); throws Error.
   void run(ProcessCall call);
+  // This process's capacity for the planner (bandwidth in healthy-NIC units; the health
+  // monitor's), read once per large all-reduce. Unset: 1 (every process equal).
+  void set_capacity_source(std::function<double()> fn);
+  PlanRecord last_plan();
   int my_process() const { return my_process_; }
   void close();
 
@@ -85,6 +101,10 @@ class Executor {
   bool stop_ = false;
   std::deque<std::shared_ptr<Op>> incoming_;
   std::thread thread_;
+  std::mutex plan_mu_;
+  std::function<double()> capacity_;
+  PlanRecord last_plan_;
+  friend class Op;
 };
 
 }  // namespace r2ccl::coll

@@ -281,8 +281,10 @@ void Monitor::link_change(size_t i, bool up, const std::string& why) {
 
 void Monitor::sample(int64_t now) {
   std::vector<int> peers = ep_.peers();
+  std::map<int, std::vector<RailStats>> by_peer;
+  for (int peer : peers) by_peer[peer] = ep_.rail_stats(peer);
   for (int peer : peers) {
-    std::vector<RailStats> stats = ep_.rail_stats(peer);
+    const std::vector<RailStats>& stats = by_peer[peer];
     double best = 0;
     std::vector<double> bw(stats.size(), 0);
     for (size_t k = 0; k < stats.size(); k++) {
@@ -330,6 +332,7 @@ void Monitor::sample(int64_t now) {
       // bursts) must not shrink a healthy rail's window.
       double target = std::clamp(bw[k] / best, kMinWeight, 1.0);
       if (target >= 0.75) target = 1.0;
+      t.ratio = target;
       // Two samples in a row must agree before anything changes (a lone sample may catch a
       // slow start or a burst), and a weight changes at most every 200 ms.
       t.below = target < 0.5 ? t.below + 1 : 0;
@@ -356,6 +359,23 @@ void Monitor::sample(int64_t now) {
       }
     }
   }
+  update_capacity(by_peer);
+}
+
+void Monitor::update_capacity(const std::map<int, std::vector<RailStats>>& by_peer) {   // mu_ held
+  double cap = 0;
+  for (size_t k = 0; k < nics_.size(); k++) {
+    if (!nics_[k].admitted || !nics_[k].link_up) continue;
+    double f = by_peer.empty() ? 1.0 : 0.0;
+    for (auto& [peer, stats] : by_peer)
+      for (auto& s : stats)
+        if (s.local_nic == static_cast<int>(k) && s.state == "up") {
+          auto it = rails_.find({peer, s.rail});
+          f = std::max(f, it == rails_.end() ? 1.0 : it->second.ratio);
+        }
+    cap += f;
+  }
+  capacity_.store(cap);
 }
 
 void Monitor::emit(Event e) {   // mu_ held

@@ -11,6 +11,7 @@
 //     kept for Python (jax_r2ccl.health(), jax_r2ccl.on_event).
 // Knows nothing of collectives or JAX.
 #pragma once
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -59,6 +60,10 @@ class Monitor {
 
   std::vector<RailHealth> rails();
   std::vector<NicHealth> nics();
+  // This process's bandwidth in units of one healthy NIC: per local NIC, 0 when down or held
+  // down, else the best delivered-bandwidth ratio of its rails (1: as fast as the best rail).
+  // Lock-free; updated every sample. The all-reduce planner's input.
+  double capacity() const { return capacity_.load(); }
   // Events with seq > after, oldest first; waits up to timeout_s for one when there is none.
   std::vector<Event> events(uint64_t after, double timeout_s);
   void close();
@@ -73,6 +78,7 @@ class Monitor {
     std::string state;
     uint64_t failures = 0, recoveries = 0;
     bool degraded = false;
+    double ratio = 1.0;         // delivered bandwidth over the best sibling's (quantised as the weight)
     int below = 0, above = 0, pending = 0;   // consecutive samples that agree
     std::string last_event;
     bool seen = false;
@@ -94,6 +100,7 @@ class Monitor {
   void poll_ib();
   void link_change(size_t nic, bool up, const std::string& why);
   void sample(int64_t now);
+  void update_capacity(const std::map<int, std::vector<RailStats>>& by_peer);
   void emit(Event e);   // these run with mu_ held
 
   Endpoint& ep_;
@@ -109,6 +116,7 @@ class Monitor {
   std::map<std::pair<int, int>, RailTrack> rails_;
   std::map<std::pair<int, int>, RailStats> last_stats_;
   std::deque<Event> events_;
+  std::atomic<double> capacity_{0};
   uint64_t next_seq_ = 1;
 };
 

@@ -110,6 +110,7 @@ NB_MODULE(_core, m) {
       .def_rw("monitor_ms", &Config::monitor_ms)
       .def_rw("adaptive_weights", &Config::adaptive_weights)
       .def_rw("link_holddown_ms", &Config::link_holddown_ms)
+      .def_rw("plan", &Config::plan)
       .def_rw("sync_wait_us", &Config::sync_wait_us)
       .def_rw("debug_level", &Config::debug_level)
       .def("validate", &Config::validate);
@@ -274,8 +275,9 @@ NB_MODULE(_core, m) {
           [](coll::Executor& ex, const std::string& kind, const std::string& dtype, const std::string& op, int root,
              uint64_t tag, const std::vector<int>& process_of_rank, const std::vector<int>& my_ranks,
              std::vector<Buffer> inputs, std::vector<Buffer> outputs, uint64_t count, double timeout,
-             const std::string& what) {
+             const std::string& what, const std::string& plan) {
             coll::ProcessCall c;
+            c.plan = plan;
             static const char* kinds[] = {"all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast"};
             int k = -1;
             for (int i = 0; i < 5; i++)
@@ -316,7 +318,36 @@ NB_MODULE(_core, m) {
           },
           nb::arg("kind"), nb::arg("dtype"), nb::arg("op"), nb::arg("root"), nb::arg("tag"),
           nb::arg("process_of_rank"), nb::arg("my_ranks"), nb::arg("inputs"), nb::arg("outputs"), nb::arg("count"),
-          nb::arg("timeout"), nb::arg("what") = "")
+          nb::arg("timeout"), nb::arg("what") = "", nb::arg("plan") = "")
+      .def(
+          "set_capacity_source",
+          [](coll::Executor& ex, nb::handle src) {
+            // A Monitor (its capacity()), a fixed number (tests), or None (every process 1).
+            if (src.is_none()) {
+              ex.set_capacity_source(nullptr);
+            } else if (nb::isinstance<monitor::Monitor>(src)) {
+              monitor::Monitor* mo = nb::cast<monitor::Monitor*>(src);
+              ex.set_capacity_source([mo] { return mo->capacity(); });
+            } else {
+              double v = nb::cast<double>(src);
+              ex.set_capacity_source([v] { return v; });
+            }
+          },
+          nb::arg("source"),
+          "The planner's capacity of this process: a Monitor, a number, or None. Clear it (None) "
+          "before the monitor closes.")
+      .def("last_plan",
+           [](coll::Executor& ex) {
+             coll::PlanRecord r = ex.last_plan();
+             nb::dict d;
+             d["plan"] = coll::plan_name(r.kind);
+             d["shares"] = r.shares;
+             d["capacities"] = r.capacities;
+             d["processes"] = r.processes;
+             d["bytes"] = r.bytes;
+             d["serial"] = r.serial;
+             return d;
+           })
       .def("close", [](coll::Executor& ex) {
         nb::gil_scoped_release nogil;
         ex.close();
@@ -345,6 +376,20 @@ NB_MODULE(_core, m) {
       nb::arg("comm_id"), nb::arg("groups"), nb::arg("name"));
 
   m.def("unix_time", &unix_time_s);
+  m.def(
+      "plan_predict",
+      [](const std::string& plan, const std::vector<double>& capacities, double bytes, double nic_Bps, double alpha_s) {
+        coll::PlanKind k;
+        if (!coll::parse_plan(plan, &k)) throw Error(Cause::kInvalidArgument, -1, "unknown plan '" + plan + "'");
+        coll::PlanChoice c = coll::choose_plan(k, capacities, bytes, nic_Bps, alpha_s);
+        nb::dict d;
+        d["plan"] = coll::plan_name(c.kind);
+        d["shares"] = c.shares;
+        d["predicted_s"] = c.predicted_s;
+        return d;
+      },
+      nb::arg("plan"), nb::arg("capacities"), nb::arg("bytes"), nb::arg("nic_Bps"), nb::arg("alpha_s") = 0.0,
+      "The all-reduce planner's choice and the cost model's time (capacities in healthy-NIC units).");
 
   // Wire-level helpers for tests that play a stranger on the listen port.
   m.def("_encode_frame", [](int type, nb::bytes payload, uint64_t seq) {

@@ -1,0 +1,154 @@
+// Degraded-mode plans and their cost model (see plan.h and docs/plans.md).
+#include "coll/plan.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+namespace r2ccl::coll {
+
+namespace {
+constexpr double kMinCapacity = 1e-3;   // a process with no NIC left still gets a finite time
+
+std::vector<double> clamp_capacities(const std::vector<double>& c) {
+  std::vector<double> out(c.size());
+  for (size_t i = 0; i < c.size(); i++) out[i] = std::isfinite(c[i]) ? std::max(c[i], kMinCapacity) : kMinCapacity;
+  return out;
+}
+}  // namespace
+
+const char* plan_name(PlanKind k) {
+  switch (k) {
+    case PlanKind::kAuto: return "auto";
+    case PlanKind::kBalance: return "balance";
+    case PlanKind::kR2cc: return "r2cc";
+    case PlanKind::kWeighted: return "weighted";
+    case PlanKind::kOptimal: return "optimal";
+  }
+  return "?";
+}
+
+bool parse_plan(const std::string& s, PlanKind* out) {
+  for (PlanKind k : {PlanKind::kAuto, PlanKind::kBalance, PlanKind::kR2cc, PlanKind::kWeighted, PlanKind::kOptimal})
+    if (s == plan_name(k)) {
+      *out = k;
+      return true;
+    }
+  return false;
+}
+
+std::vector<double> plan_shares(PlanKind k, const std::vector<double>& c_in) {
+  const size_t P = c_in.size();
+  std::vector<double> s(P, P ? 1.0 / static_cast<double>(P) : 0.0);
+  if (P < 2) return s;
+  const std::vector<double> c = clamp_capacities(c_in);
+  const double cmax = *std::max_element(c.begin(), c.end());
+  switch (k) {
+    case PlanKind::kAuto:
+    case PlanKind::kBalance:
+      break;
+    case PlanKind::kWeighted: {
+      // Ownership in proportion to capacity.
+      double sum = std::accumulate(c.begin(), c.end(), 0.0);
+      for (size_t i = 0; i < P; i++) s[i] = c[i] / sum;
+      break;
+    }
+    case PlanKind::kR2cc: {
+      // R2CCL's R2CC-AllReduce in ownership terms: (1-X) of a degraded process's bytes go
+      // through the all-process exchange (it owns (1-X)/P), the rest through the healthy
+      // processes only (they share what it does not own).
+      double given = 0;
+      size_t healthy = 0;
+      for (size_t i = 0; i < P; i++) {
+        if (c[i] < cmax * (1 - 1e-9)) {
+          s[i] = (c[i] / cmax) / static_cast<double>(P);
+          given += s[i];
+        } else {
+          healthy++;
+        }
+      }
+      for (size_t i = 0; i < P; i++)
+        if (c[i] >= cmax * (1 - 1e-9)) s[i] = (1 - given) / static_cast<double>(healthy);
+      break;
+    }
+    case PlanKind::kOptimal: {
+      if (P == 2) break;   // with two processes each moves D whatever it owns
+      // Minimise max_i (1 + (P-2) s_i) / c_i with sum s = 1, s >= 0: every process with a
+      // share finishes at the same time T, s_i = (T c_i - 1) / (P-2); the slowest may own
+      // nothing. Solved exactly by trying the k fastest as owners.
+      std::vector<size_t> order(P);
+      std::iota(order.begin(), order.end(), 0);
+      std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return c[a] > c[b]; });
+      const double p2 = static_cast<double>(P) - 2;
+      double T = 0, csum = 0;
+      for (size_t k2 = 1; k2 <= P; k2++) {
+        csum += c[order[k2 - 1]];
+        double t = (p2 + static_cast<double>(k2)) / csum;
+        bool kth_positive = t * c[order[k2 - 1]] >= 1;
+        bool next_zero = k2 == P || t * c[order[k2]] <= 1;
+        if (kth_positive && next_zero) {
+          T = t;
+          break;
+        }
+      }
+      double sum = 0;
+      for (size_t i = 0; i < P; i++) {
+        s[i] = std::max(0.0, (T * c[i] - 1) / p2);
+        sum += s[i];
+      }
+      if (!(sum > 0)) return std::vector<double>(P, 1.0 / static_cast<double>(P));
+      for (auto& x : s) x /= sum;
+      break;
+    }
+  }
+  return s;
+}
+
+double predict_seconds(const std::vector<double>& shares, const std::vector<double>& c_in, double bytes,
+                       double nic_Bps, double alpha_s) {
+  const size_t P = shares.size();
+  if (P < 2) return 0;
+  const std::vector<double> c = clamp_capacities(c_in);
+  double worst = 0;
+  for (size_t i = 0; i < P; i++) {
+    double moved = bytes * (1 + (static_cast<double>(P) - 2) * shares[i]);
+    worst = std::max(worst, moved / (c[i] * nic_Bps));
+  }
+  return worst + 2 * alpha_s;
+}
+
+PlanChoice choose_plan(PlanKind want, const std::vector<double>& c, double bytes, double nic_Bps, double alpha_s) {
+  PlanChoice best;
+  if (want != PlanKind::kAuto) {
+    best.kind = want;
+    best.shares = plan_shares(want, c);
+    best.predicted_s = predict_seconds(best.shares, c, bytes, nic_Bps, alpha_s);
+    return best;
+  }
+  bool first = true;
+  for (PlanKind k : {PlanKind::kBalance, PlanKind::kR2cc, PlanKind::kWeighted, PlanKind::kOptimal}) {
+    std::vector<double> s = plan_shares(k, c);
+    double t = predict_seconds(s, c, bytes, nic_Bps, alpha_s);
+    if (first || t < best.predicted_s * (1 - 1e-9)) {   // ties keep the simpler plan
+      best.kind = k;
+      best.shares = std::move(s);
+      best.predicted_s = t;
+      first = false;
+    }
+  }
+  return best;
+}
+
+std::vector<uint64_t> share_boundaries(const std::vector<double>& shares, uint64_t n) {
+  const size_t P = shares.size();
+  std::vector<uint64_t> b(P + 1, 0);
+  double cum = 0;
+  for (size_t i = 0; i < P; i++) {
+    cum += shares[i];
+    uint64_t v = i + 1 == P ? n : static_cast<uint64_t>(std::floor(static_cast<double>(n) * cum + 0.5));
+    b[i + 1] = std::clamp<uint64_t>(v, b[i], n);
+  }
+  return b;
+}
+
+}  // namespace r2ccl::coll

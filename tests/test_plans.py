@@ -1,0 +1,41 @@
+"""Degraded-mode all-reduce plans: every plan gives the same bits (the canonical order does
+not depend on who owns what), the plan is the same on every process, and the planner's
+shares follow the capacities it is given. On loopback with capacities set by hand; the
+test bed runs them with real NIC failures (bench/testbed_plans.sh)."""
+
+import pytest
+
+from harness import LOOPBACK4, run_ranks
+
+CASES = [("float32", "sum", 1_000_003), ("bfloat16", "sum", 300_001), ("float64", "max", 200_000),
+         ("int32", "sum", 123_457)]
+
+
+@pytest.mark.parametrize("world,local,caps", [(4, 1, [4, 4, 4, 2]), (3, 2, [4, 1, 3])])
+def test_every_plan_gives_the_same_bits_and_every_process_the_same_plan(world, local, caps):
+    res = run_ranks("plans_bit_exact", world, nics=LOOPBACK4[:2], timeout=180,
+                    args={"capacities": caps, "cases": CASES, "local": local})
+    rows = [r["result"] for r in res]
+    for per_process in rows:
+        assert all(x["exact"] for x in per_process), [x for x in per_process if not x["exact"]]
+    for i in range(len(rows[0])):
+        same = {(p[i]["ran"], tuple(p[i]["shares"]), tuple(p[i]["capacities"])) for p in rows}
+        assert len(same) == 1, same                      # one plan, agreed everywhere
+        assert rows[0][i]["capacities"] == [float(c) for c in caps]
+    for case in {tuple(x["case"]) for x in rows[0]}:
+        digests = {x["digest"] for x in rows[0] if tuple(x["case"]) == case}
+        assert len(digests) == 1, (case, digests)        # every plan: the same bytes
+    by_plan = {x["plan"]: x for x in rows[0] if x["case"] == list(CASES[0])}
+    assert len({tuple(x["shares"]) for x in by_plan.values()}) >= 3, by_plan   # the plans really differ
+    assert by_plan["auto"]["ran"] == "optimal"
+    if world == 4:
+        assert [round(s, 6) for s in by_plan["optimal"]["shares"]] == [round(1 / 3, 6)] * 3 + [0.0]
+        assert [round(s, 4) for s in by_plan["r2cc"]["shares"]] == [0.2917, 0.2917, 0.2917, 0.125]
+
+
+def test_mismatched_plans_are_a_clear_error_on_every_process():
+    res = run_ranks("host_mismatch", 2, nics=LOOPBACK4[:2], timeout=60, args={"what": "plan"})
+    for r in res:
+        out = r["result"]
+        assert out["cause"] == "mismatch" and "plan optimal" in out["error"] and "plan balance" in out["error"], out
+        assert out["after"] == [3] * 10          # the next collective works
