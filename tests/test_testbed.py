@@ -176,3 +176,4 @@ def test_a_nic_down_at_start_does_not_hold_the_job_and_joins_when_healed(bed):
     r0, r1 = (r["result"] for r in res)
     assert r1["wrong"] == 0
     assert r0["stats"][2]["state"] == "up" and r0["stats"][2]["tx_bytes"] > 0, r0["stats"][2]
+

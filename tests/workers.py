@@ -608,3 +608,37 @@ def plans_bit_exact(ep, rank, world, capacities, cases, local=1):
     barrier(ep, rank, world)
     hc.close()
     return out
+
+
+def replan_loop(ep, rank, world, count, iters, fault_cmd=None, fault_after_s=1.0):
+    """All-reduces in a loop with the health monitor feeding the planner (R2CCL_PLAN=auto);
+    rank 0 runs fault_cmd mid-loop. Every output checked bit for bit; the plan of every
+    call recorded."""
+    from jax_r2ccl.monitor import HealthMonitor
+    from jax_r2ccl.host_collectives import HostCollectives
+    mon = HealthMonitor(ep)
+    hc = HostCollectives(ep)
+    hc.set_capacity(mon)
+    pr = list(range(world))
+    ins = {r: _rank_input("all_reduce", "float32", count, r, seed=5) for r in pr}
+    ref = host_reference("all_reduce", "sum", [ins[r] for r in pr], pr)[rank].tobytes()
+    barrier(ep, rank, world)
+    timer = None
+    if fault_cmd and rank == 0:
+        timer = threading.Timer(fault_after_s, lambda: subprocess.run(fault_cmd, shell=True, check=True, timeout=30))
+        timer.start()
+    plans, wrong, times = [], 0, []
+    for i in range(iters):
+        t0 = time.monotonic()
+        out = hc.run("all_reduce", [ins[rank]], process_of_rank=pr, my_ranks=[rank])
+        times.append(time.monotonic() - t0)
+        wrong += int(out[0].tobytes() != ref)
+        lp = hc.last_plan()
+        plans.append({"plan": lp["plan"], "shares": lp["shares"], "capacities": lp["capacities"]})
+    if timer:
+        timer.join()
+    hc.set_capacity(None)
+    mon.close()
+    barrier(ep, rank, world)
+    hc.close()
+    return {"wrong": wrong, "plans": plans, "times": times}

@@ -29,6 +29,8 @@ constexpr double kMinWeight = 0.02;        // a slow rail keeps a trickle, so re
 constexpr double kMinBusyS = 0.005;        // busy time a bandwidth sample needs
 constexpr int64_t kWeightHoldNs = 200 * kMs;
 constexpr int64_t kFlapWindowNs = 10000 * kMs;
+constexpr double kBwAlpha = 0.3;           // weight of a new bandwidth sample
+constexpr int kAgree = 3;                  // samples in a row before a weight or event changes
 
 int64_t mono_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
@@ -310,7 +312,9 @@ void Monitor::sample(int64_t now) {
       uint64_t d_acked = s.acked_bytes - t.acked;
       if (d_busy >= kMinBusyS && s.state == "up") {
         double rate = static_cast<double>(d_acked) / d_busy;
-        t.bw = t.bw > 0 ? 0.5 * t.bw + 0.5 * rate : rate;
+        // Smoothed over ~200 ms: a rail shares its NIC with other peers' rails, and samples
+        // of 50 ms catch bursts and TCP's unfairness among them.
+        t.bw = t.bw > 0 ? (1 - kBwAlpha) * t.bw + kBwAlpha * rate : rate;
         t.acked = s.acked_bytes;
         t.busy_s = s.busy_s;
       } else if (s.state != "up") {
@@ -333,16 +337,16 @@ void Monitor::sample(int64_t now) {
       double target = std::clamp(bw[k] / best, kMinWeight, 1.0);
       if (target >= 0.75) target = 1.0;
       t.ratio = target;
-      // Two samples in a row must agree before anything changes (a lone sample may catch a
+      // Three samples in a row must agree before anything changes (a lone sample may catch a
       // slow start or a burst), and a weight changes at most every 200 ms.
       t.below = target < 0.5 ? t.below + 1 : 0;
       t.above = target >= 0.8 ? t.above + 1 : 0;
-      if (t.below >= 2 && !t.degraded) {
+      if (t.below >= kAgree && !t.degraded) {
         t.degraded = true;
         emit({0, unix_s(), "degraded", peer, s.rail, s.local_nic_name,
               "delivers " + fmt_rate(bw[k]) + ", " + std::to_string(static_cast<int>(100 * bw[k] / best)) +
                   "% of its best sibling (" + fmt_rate(best) + ")"});
-      } else if (t.above >= 2 && t.degraded) {
+      } else if (t.above >= kAgree && t.degraded) {
         t.degraded = false;
         emit({0, unix_s(), "restored", peer, s.rail, s.local_nic_name,
               "delivers " + fmt_rate(bw[k]) + " again (best sibling " + fmt_rate(best) + ")"});
@@ -351,7 +355,7 @@ void Monitor::sample(int64_t now) {
       // Hysteresis: only a change of more than 25%.
       bool big = target < 0.8 * t.weight || target > 1.25 * t.weight;
       t.pending = big ? t.pending + 1 : 0;
-      if (t.pending >= 2 && now - t.weight_ns >= kWeightHoldNs) {
+      if (t.pending >= kAgree && now - t.weight_ns >= kWeightHoldNs) {
         ep_.set_rail_weight(peer, s.rail, target);
         t.weight = target;
         t.weight_ns = now;
@@ -373,7 +377,10 @@ void Monitor::update_capacity(const std::map<int, std::vector<RailStats>>& by_pe
           auto it = rails_.find({peer, s.rail});
           f = std::max(f, it == rails_.end() ? 1.0 : it->second.ratio);
         }
-    cap += f;
+    // Within 40% of the best counts as healthy: the planner must not chase measurement noise
+    // (a NIC's rails share it with other peers' traffic, and samples catch bursts). A NIC that
+    // is down counts 0 at once; one slowed to a tenth, ~0.1 after a few hundred ms.
+    cap += f >= 0.6 ? 1.0 : f;
   }
   capacity_.store(cap);
 }

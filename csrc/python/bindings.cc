@@ -333,7 +333,7 @@ NB_MODULE(_core, m) {
               ex.set_capacity_source([v] { return v; });
             }
           },
-          nb::arg("source"),
+          nb::arg("source").none(),
           "The planner's capacity of this process: a Monitor, a number, or None. Clear it (None) "
           "before the monitor closes.")
       .def("last_plan",

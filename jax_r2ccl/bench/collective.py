@@ -8,6 +8,7 @@ side by side. Table and busbw as in nccl-tests: busbw = algbw × 2(n-1)/n for al
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 
@@ -31,6 +32,11 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fault-at", type=float, default=None, metavar="S",
                    help="process 0 runs --fault-cmd this long after the largest size's timed loop starts")
     p.add_argument("--fault-cmd", default=None, metavar="CMD", help="shell command for --fault-at")
+    p.add_argument("--plan", default=None, choices=("auto", "balance", "r2cc", "weighted", "optimal"),
+                   help="all-reduce plan (sets R2CCL_PLAN; the same on every process); the JSON records the "
+                        "plan each call ran with and every process's capacity")
+    p.add_argument("--link-rate", type=float, default=None, metavar="BYTES_PER_S",
+                   help="payload rate of one healthy NIC: adds the cost model's predicted time per row")
 
 
 def _rank_pattern(count: int, rank: int, dtype) -> np.ndarray:
@@ -84,7 +90,10 @@ def main(args: argparse.Namespace) -> int:
     import jax_r2ccl
     from .. import _core
     nics = args.nics.split(",") if args.nics else None
+    if args.plan:
+        os.environ["R2CCL_PLAN"] = args.plan
     jax_r2ccl.initialize(nics=nics)
+    from .. import runtime
     dtype = np.dtype(args.dtype) if args.dtype != "bfloat16" else __import__("ml_dtypes").bfloat16
     devices = jax.devices()
     n = len(devices)
@@ -122,8 +131,12 @@ def main(args: argparse.Namespace) -> int:
                 bad += int(not np.array_equal(got, want_r))
             wrong[impl] += int(bad > 0)
             times[impl].append(t1 - t0)
-            iterations.append({"impl": impl, "op": op, "size_bytes": total, "iter": it - args.warmup,
-                               "t_start": time.time() - (t1 - t0), "t_end": time.time(), "wrong": int(bad > 0)})
+            row = {"impl": impl, "op": op, "size_bytes": total, "iter": it - args.warmup,
+                   "t_start": time.time() - (t1 - t0), "t_end": time.time(), "wrong": int(bad > 0)}
+            if impl == "r2ccl" and op == "allreduce":
+                lp = runtime.last_plan()
+                row.update(plan=lp["plan"], shares=lp["shares"], capacities=lp["capacities"])
+            iterations.append(row)
 
         faulted = size == args.sizes[-1] and args.fault_at is not None
         if faulted:
@@ -145,11 +158,19 @@ def main(args: argparse.Namespace) -> int:
         for impl in impls:
             med = median(times[impl])
             algbw = total / med / 1e9
-            rows.append({"impl": impl, "op": op, "size_bytes": total, "size": format_size(total),
-                         "count": total // esize, "type": np.dtype(dtype).name, "redop": "sum" if op in
-                         ("allreduce", "reducescatter") else "none", "iters": args.iters,
-                         "time_us_median": med * 1e6, "algbw_GBps": algbw, "busbw_GBps": algbw * OPS[op][1](n),
-                         "wrong": wrong[impl]})
+            row = {"impl": impl, "op": op, "size_bytes": total, "size": format_size(total),
+                   "count": total // esize, "type": np.dtype(dtype).name, "redop": "sum" if op in
+                   ("allreduce", "reducescatter") else "none", "iters": args.iters,
+                   "time_us_median": med * 1e6, "algbw_GBps": algbw, "busbw_GBps": algbw * OPS[op][1](n),
+                   "wrong": wrong[impl]}
+            last = [i for i in iterations if i["impl"] == impl and i["size_bytes"] == total and "plan" in i]
+            if last:
+                row.update(plan=last[-1]["plan"], shares=last[-1]["shares"], capacities=last[-1]["capacities"])
+                if args.link_rate:
+                    pred = _core.plan_predict(last[-1]["plan"], last[-1]["capacities"], float(total),
+                                              float(args.link_rate))
+                    row["predicted_us"] = pred["predicted_s"] * 1e6
+            rows.append(row)
     # every process's wrong counts matter: sum them
     totals = dist.gather("wrong", [r["wrong"] for r in rows])
     if args.process_id == 0:
@@ -159,6 +180,13 @@ def main(args: argparse.Namespace) -> int:
                 Column("type", "type"), Column("redop", "redop"), Column("time(us)", "time_us_median", ".1f"),
                 Column("algbw(GB/s)", "algbw_GBps", ".4f"), Column("busbw(GB/s)", "busbw_GBps", ".4f"),
                 Column("#wrong", "wrong")]
+        if any("plan" in r for r in rows):
+            fmt_shares = lambda s: "/".join(f"{x:.2f}" for x in s)  # noqa: E731
+            fmt_caps = lambda s: "/".join(f"{x:.2g}" for x in s)  # noqa: E731
+            cols += [Column("plan", "plan", align="<"), Column("shares", "shares", fmt_shares),
+                     Column("capacity", "capacities", fmt_caps)]
+            if args.link_rate:
+                cols.append(Column("model(us)", "predicted_us", ".1f"))
         print(f"# bench {op}: {args.num_processes} processes, {n} ranks, NICs {args.nics or 'R2CCL_NICS'}; "
               f"iters {args.iters}, warmup {args.warmup}; time = median per call on process 0")
         print(format_table(cols, rows))
