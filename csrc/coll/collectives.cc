@@ -380,13 +380,17 @@ class Executor::Op {
                      b[static_cast<size_t>(qi) + 1] - b[static_cast<size_t>(qi)], at(c_.out[0], b[static_cast<size_t>(qi)]),
                      true);
     plan_pending_ = false;
+    record_plan(pc.kind, pc.shares, caps);
+  }
+
+  void record_plan(PlanKind kind, std::vector<double> shares, std::vector<double> caps) {
     std::lock_guard<std::mutex> g(ex_->plan_mu_);
     PlanRecord& r = ex_->last_plan_;
-    r.kind = pc.kind;
-    r.shares = pc.shares;
-    r.capacities = caps;
+    r.kind = kind;
+    r.shares = std::move(shares);
+    r.capacities = std::move(caps);   // empty: not exchanged (two processes: nothing to plan)
     r.processes = procs_;
-    r.bytes = N * esize_;
+    r.bytes = c_.count * esize_;
     r.serial++;
   }
 
@@ -417,7 +421,8 @@ class Executor::Op {
     const uint64_t N = c_.count;
     const bool small_all_reduce = c_.kind == Kind::kAllReduce && N * esize_ <= opt_.small_bytes;
     inline_ok_ = small_all_reduce && P > 1;
-    const bool planned = c_.kind == Kind::kAllReduce && !small_all_reduce && P > 1;
+    // With two processes each moves the whole vector whatever it owns: no plan to wait for.
+    const bool planned = c_.kind == Kind::kAllReduce && !small_all_reduce && P > 2;
     if (planned) {
       std::function<double()> source;
       {
@@ -438,6 +443,12 @@ class Executor::Op {
         if (P == 1 || small_all_reduce) {
           // One step: every process gets every S_p and folds them in canonical order.
           reduce_segment_all(S, N);
+        } else if (!planned) {
+          for (int qi = 0; qi < P; qi++) {
+            uint64_t a = N * static_cast<uint64_t>(qi) / P, b = N * static_cast<uint64_t>(qi + 1) / P;
+            reduce_segment(1, static_cast<uint64_t>(qi), qi, S, a, b - a, at(c_.out[0], a), true);
+          }
+          record_plan(PlanKind::kBalance, std::vector<double>(static_cast<size_t>(P), 1.0 / P), {});
         } else {
           // Owners and their shares wait for every process's capacity, which travels with
           // the signatures (post_planned): the same plan on every process, per call.

@@ -166,7 +166,7 @@ def main(args: argparse.Namespace) -> int:
             last = [i for i in iterations if i["impl"] == impl and i["size_bytes"] == total and "plan" in i]
             if last:
                 row.update(plan=last[-1]["plan"], shares=last[-1]["shares"], capacities=last[-1]["capacities"])
-                if args.link_rate:
+                if args.link_rate and last[-1]["capacities"]:
                     pred = _core.plan_predict(last[-1]["plan"], last[-1]["capacities"], float(total),
                                               float(args.link_rate))
                     row["predicted_us"] = pred["predicted_s"] * 1e6
