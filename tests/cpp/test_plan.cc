@@ -1,0 +1,142 @@
+// Tests for csrc/coll/plan.{h,cc}: the plans' shares against the closed forms of
+// docs/plans.md, the optimum against a brute-force search, the lower bounds, boundaries, and
+// hostile capacities (zero, negative, NaN, one process). Standalone: exits non-zero and names
+// each failing check.
+#include "coll/plan.h"
+
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <numeric>
+#include <string>
+#include <vector>
+
+using namespace r2ccl::coll;
+
+namespace {
+
+int g_failures = 0;
+
+void check(bool ok, const std::string& what) {
+  if (!ok) {
+    std::fprintf(stderr, "FAIL: %s\n", what.c_str());
+    ++g_failures;
+  }
+}
+
+bool near(double a, double b, double tol = 1e-9) { return std::fabs(a - b) <= tol * std::max(1.0, std::fabs(b)); }
+
+std::string str(const std::vector<double>& v) {
+  std::string s = "[";
+  for (double x : v) s += std::to_string(x) + " ";
+  return s + "]";
+}
+
+// max_i (1 + (P-2) s_i) / c_i: the model's time in units of D / B.
+double cost(const std::vector<double>& s, const std::vector<double>& c) {
+  return predict_seconds(s, c, 1.0, 1.0, 0.0);
+}
+
+void shares_are_a_split(PlanKind k, const std::vector<double>& c) {
+  std::vector<double> s = plan_shares(k, c);
+  double sum = std::accumulate(s.begin(), s.end(), 0.0);
+  bool nonneg = true;
+  for (double x : s) nonneg = nonneg && x >= 0 && std::isfinite(x);
+  check(s.size() == c.size() && nonneg && (c.empty() || near(sum, 1.0, 1e-12)),
+        std::string(plan_name(k)) + " shares " + str(s) + " for capacities " + str(c) + " are not a split");
+}
+
+}  // namespace
+
+int main() {
+  const double X25 = 0.25, X50 = 0.5;
+  // Closed forms for P = 4, one host at 1 - X (docs/plans.md, and the paper's for balance/r2cc).
+  for (double X : {X25, X50}) {
+    std::vector<double> c = {4, 4, 4, 4 * (1 - X)};
+    const double healthy = cost(plan_shares(PlanKind::kBalance, {4, 4, 4, 4}), {4, 4, 4, 4});
+    check(near(healthy, 1.5 / 4), "healthy balance costs 1.5 D/B");
+    check(near(cost(plan_shares(PlanKind::kBalance, c), c) / healthy, 1 / (1 - X)), "balance = 1/(1-X)");
+    check(near(cost(plan_shares(PlanKind::kR2cc, c), c) / healthy, 1 + 4 * X / (2 * 3 * (1 - X))),
+          "r2cc = 1 + nX/(2(n-1)(1-X))");
+    double opt = cost(plan_shares(PlanKind::kOptimal, c), c);
+    // The two lower bounds of docs/plans.md: the slow host moves D; 2(P-1)D over sum c.
+    double bound = std::max(1.0 / (4 * (1 - X)), 2.0 * 3 / (12 + 4 * (1 - X)));
+    check(near(opt, bound), "optimal meets the lower bound at X=" + std::to_string(X) + ": " + std::to_string(opt) +
+                                " vs " + std::to_string(bound));
+  }
+  check(near(plan_shares(PlanKind::kOptimal, {4, 4, 4, 2})[3], 0.0), "the slow host owns nothing at X=0.5");
+  check(near(plan_shares(PlanKind::kOptimal, {4, 4, 4, 3})[3], 0.1), "the slow host owns 0.1 at X=0.25");
+
+  // The optimum is no worse than any split a coarse search finds (P = 3, 4, 5).
+  uint64_t rng = 12345;
+  auto uni = [&] {
+    rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+    return static_cast<double>(rng >> 11) / static_cast<double>(1ull << 53);
+  };
+  for (int trial = 0; trial < 300; trial++) {
+    size_t P = 3 + static_cast<size_t>(trial % 3);
+    std::vector<double> c(P);
+    for (auto& x : c) x = 0.1 + 4 * uni();
+    double opt = cost(plan_shares(PlanKind::kOptimal, c), c);
+    for (int k = 0; k < 400; k++) {
+      std::vector<double> s(P);
+      double sum = 0;
+      for (auto& x : s) sum += (x = uni() * uni());
+      for (auto& x : s) x /= sum;
+      if (cost(s, c) < opt * (1 - 1e-9)) {
+        check(false, "a random split beats optimal for " + str(c) + ": " + str(s));
+        break;
+      }
+    }
+    for (PlanKind k : {PlanKind::kBalance, PlanKind::kR2cc, PlanKind::kWeighted})
+      check(cost(plan_shares(k, c), c) >= opt * (1 - 1e-9), std::string(plan_name(k)) + " beats optimal");
+    PlanChoice a = choose_plan(PlanKind::kAuto, c, 1.0, 1.0, 0.0);
+    check(near(a.predicted_s, opt), "auto picks the fastest");
+    for (PlanKind k : {PlanKind::kBalance, PlanKind::kR2cc, PlanKind::kWeighted, PlanKind::kOptimal})
+      shares_are_a_split(k, c);
+  }
+
+  // Equal capacities: every plan is balance, and auto says so.
+  for (PlanKind k : {PlanKind::kR2cc, PlanKind::kWeighted, PlanKind::kOptimal}) {
+    std::vector<double> s = plan_shares(k, {2, 2, 2, 2});
+    for (double x : s) check(near(x, 0.25), std::string(plan_name(k)) + " with equal capacities is even");
+  }
+  check(choose_plan(PlanKind::kAuto, {3, 3, 3}, 1, 1, 0).kind == PlanKind::kBalance, "auto keeps balance when equal");
+
+  // Hostile capacities never give a non-split or a non-finite time.
+  const double nan = std::numeric_limits<double>::quiet_NaN(), inf = std::numeric_limits<double>::infinity();
+  for (auto c : std::vector<std::vector<double>>{{}, {1}, {0, 0, 0}, {4, 0, 4}, {-1, 4, 4, 4}, {nan, 4, 4},
+                                                  {inf, 4, 4, 4}, {4, 4}, {1e-300, 1e300, 1}}) {
+    for (PlanKind k : {PlanKind::kBalance, PlanKind::kR2cc, PlanKind::kWeighted, PlanKind::kOptimal}) {
+      shares_are_a_split(k, c);
+      double t = predict_seconds(plan_shares(k, c), c, 1e6, 1e6, 1e-5);
+      check(std::isfinite(t) && t >= 0, std::string(plan_name(k)) + " time not finite for " + str(c));
+    }
+  }
+
+  // Boundaries: monotone, cover [0, n], follow the shares, identical when recomputed.
+  for (uint64_t n : {0ull, 1ull, 7ull, 1000003ull, 1ull << 40}) {
+    std::vector<double> s = plan_shares(PlanKind::kOptimal, {4, 4, 4, 3});
+    std::vector<uint64_t> b = share_boundaries(s, n);
+    bool mono = b.front() == 0 && b.back() == n;
+    for (size_t i = 0; i + 1 < b.size(); i++) {
+      mono = mono && b[i] <= b[i + 1];
+      double want = s[i] * static_cast<double>(n);
+      mono = mono && std::fabs(static_cast<double>(b[i + 1] - b[i]) - want) <= 1.0 + 1e-9 * want;
+    }
+    check(mono, "boundaries for n=" + std::to_string(n));
+    check(b == share_boundaries(s, n), "boundaries are a pure function");
+  }
+  check(share_boundaries({0.5, 0.0, 0.5}, 10)[1] == share_boundaries({0.5, 0.0, 0.5}, 10)[2],
+        "a zero share is an empty segment");
+
+  PlanKind k;
+  check(parse_plan("optimal", &k) && k == PlanKind::kOptimal && !parse_plan("ring", &k), "plan names");
+
+  if (g_failures) {
+    std::fprintf(stderr, "%d check(s) failed\n", g_failures);
+    return 1;
+  }
+  std::printf("test_plan: all checks passed\n");
+  return 0;
+}
