@@ -382,7 +382,7 @@ void Monitor::update_capacity(const std::map<int, std::vector<RailStats>>& by_pe
     // is down counts 0 at once; one slowed to a tenth, ~0.1 after a few hundred ms.
     cap += f >= 0.6 ? 1.0 : f;
   }
-  capacity_.store(cap);
+  capacity_->store(cap);
 }
 
 void Monitor::emit(Event e) {   // mu_ held

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <deque>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -63,7 +64,9 @@ class Monitor {
   // This process's bandwidth in units of one healthy NIC: per local NIC, 0 when down or held
   // down, else the best delivered-bandwidth ratio of its rails (1: as fast as the best rail).
   // Lock-free; updated every sample. The all-reduce planner's input.
-  double capacity() const { return capacity_.load(); }
+  double capacity() const { return capacity_->load(); }
+  // The same value as a shared cell that outlives the monitor (for the planner's callback).
+  std::shared_ptr<const std::atomic<double>> capacity_cell() const { return capacity_; }
   // Events with seq > after, oldest first; waits up to timeout_s for one when there is none.
   std::vector<Event> events(uint64_t after, double timeout_s);
   void close();
@@ -116,7 +119,7 @@ class Monitor {
   std::map<std::pair<int, int>, RailTrack> rails_;
   std::map<std::pair<int, int>, RailStats> last_stats_;
   std::deque<Event> events_;
-  std::atomic<double> capacity_{0};
+  std::shared_ptr<std::atomic<double>> capacity_ = std::make_shared<std::atomic<double>>(0.0);
   uint64_t next_seq_ = 1;
 };
 

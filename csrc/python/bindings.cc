@@ -326,8 +326,10 @@ NB_MODULE(_core, m) {
             if (src.is_none()) {
               ex.set_capacity_source(nullptr);
             } else if (nb::isinstance<monitor::Monitor>(src)) {
-              monitor::Monitor* mo = nb::cast<monitor::Monitor*>(src);
-              ex.set_capacity_source([mo] { return mo->capacity(); });
+              // The cell outlives the monitor: a monitor closed or collected first leaves its
+              // last value, never a dangling pointer.
+              auto cell = nb::cast<monitor::Monitor*>(src)->capacity_cell();
+              ex.set_capacity_source([cell] { return cell->load(); });
             } else {
               double v = nb::cast<double>(src);
               ex.set_capacity_source([v] { return v; });
