@@ -6,7 +6,7 @@
 #
 #   sudo bench/testbed_collectives.sh                  # everything; results in bench-results/coll-<time>/
 #   OPS="allreduce" RUNS="healthy" bench/testbed_collectives.sh
-#   RUNS="degrade flap" bench/testbed_collectives.sh    # one NIC at 1/10; one NIC flapping
+#   RUNS="down degrade flap" bench/testbed_collectives.sh  # one NIC down; at 1/10; flapping
 # Env: RATE (500mbit), ITERS (10), SIZES, PORT (29600), OUT, TB, PYTHON, R2CCL_* (passed through).
 set -euo pipefail
 
@@ -65,6 +65,11 @@ for r in $RUNS; do
     fail)       # host 1's nic2 down 0.3 s into the 64 MiB all-reduce loop, healed 1.5 s later
       run allreduce-fail allreduce 300 --sizes 64MiB --iters "$ITERS" --warmup 1 --timeout 120 \
         --fault-at 0.3 --fault-cmd "bash $NETNS fail 1 2; sleep 1.5; bash $NETNS heal 1 2"
+      bash "$NETNS" heal 1 2 >/dev/null ;;
+    down)       # host 1's nic2 down from before the start (the job starts degraded) to the end
+      bash "$NETNS" fail 1 2 >/dev/null
+      run allreduce-down allreduce 600 --sizes "${DEGRADE_SIZES:-16MiB,64MiB}" --iters "$ITERS" --warmup 3 \
+        --timeout 120
       bash "$NETNS" heal 1 2 >/dev/null ;;
     degrade)    # host 1's nic2 at a tenth of its rate for the whole loop (steady state after warm-up)
       bash "$NETNS" degrade 1 2 "$DEGRADED_RATE" >/dev/null

@@ -33,6 +33,11 @@ def _doctor(args: argparse.Namespace) -> int:
     return doctor.main(args)
 
 
+def _sim_calibrate(args: argparse.Namespace) -> int:
+    from .sim import calibrate
+    return calibrate.main(args)
+
+
 def _settings(args: argparse.Namespace) -> int:
     from .config import settings_table
     print(settings_table(), end="")
@@ -70,6 +75,14 @@ def build_parser() -> argparse.ArgumentParser:
                        description=doctor.__doc__)
     doctor.add_args(d)
     d.set_defaults(handler=_doctor)
+
+    sim = sub.add_parser("sim", help="the large-scale simulator (so far: calibration against the test bed)")
+    sim_sub = sim.add_subparsers(dest="sim", metavar="SIM", required=True)
+    from .sim import calibrate
+    cal = sim_sub.add_parser("calibrate", help="the model of the test bed against measured bench JSON",
+                             description=calibrate.__doc__)
+    calibrate.add_args(cal)
+    cal.set_defaults(handler=_sim_calibrate)
 
     sub.add_parser("demo", help="the fault-tolerance demo (arguments go to jax_r2ccl.demo)",
                    add_help=False)

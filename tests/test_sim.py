@@ -1,0 +1,56 @@
+"""The simulator's model of the test bed against what the test bed measured (issue 6,
+calibration): bench JSON recorded on the 2-host (500mbit) and 4-host (100mbit) beds, healthy,
+one NIC down, one NIC at a tenth, and the degraded-mode plans. The files in tests/data/sim are
+the benchmark's JSON output with the per-iteration records left out (BENCHMARKS.md has the
+commands that made them)."""
+
+import glob
+import os
+import subprocess
+import sys
+
+import pytest
+
+DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "sim")
+
+
+def test_the_model_predicts_the_test_bed_within_10_percent():
+    from jax_r2ccl.sim.calibrate import calibrate
+    rows = calibrate(sorted(glob.glob(os.path.join(DATA, "*-2h.json"))), "500mbit", 150e-6)
+    rows += calibrate(sorted(glob.glob(os.path.join(DATA, "*-4h.json"))), "100mbit", 150e-6)
+    assert len(rows) == 10, rows   # 3 two-host files x 2 sizes, 4 four-host files x 64 MiB
+    scenarios = {tuple(r["capacities"]) for r in rows}
+    assert {(4.0, 4.0), (3.0, 3.0), (4.0, 4.0, 4.0, 3.0), (4.0, 4.0, 4.0, 2.0)} <= scenarios, scenarios
+    assert any(2.9 < r["capacities"][0] < 3.3 for r in rows), rows          # the NIC at a tenth
+    for r in rows:
+        assert abs(r["error"]) <= 0.10, r
+
+
+def test_the_simulator_costs_are_the_planners():
+    from jax_r2ccl import _core
+    from jax_r2ccl.sim import Cluster, allreduce_seconds, parse_rate
+    assert parse_rate("500mbit") == 500e6 and parse_rate("12.5MB/s") == 100e6 and parse_rate("400gbit") == 400e9
+    with pytest.raises(ValueError):
+        parse_rate("fast")
+    c = Cluster.testbed(4, 4, "100mbit")
+    for plan in ("balance", "r2cc", "weighted", "optimal", "auto"):
+        got = allreduce_seconds(c, 64 << 20, [4, 4, 4, 2], plan)
+        want = _core.plan_predict(plan, [4, 4, 4, 2], float(64 << 20), c.nic_Bps, c.alpha_s)
+        assert got["seconds"] == want["predicted_s"] and got["shares"] == list(want["shares"])
+    big = Cluster(servers=128)   # the paper's shape: 8 GPUs and 8 NICs of 400 Gbit/s per server
+    healthy = allreduce_seconds(big, 1 << 30)["seconds"]
+    half = allreduce_seconds(big, 1 << 30, [8.0] * 127 + [4.0])["seconds"]
+    assert 1.0 < half / healthy < 1.02   # 128 servers: one at half its NICs costs ~0
+    with pytest.raises(ValueError):
+        allreduce_seconds(big, 1 << 30, [8.0] * 3)
+
+
+def test_calibrate_command_line():
+    files = sorted(glob.glob(os.path.join(DATA, "*-2h.json")))
+    r = subprocess.run([sys.executable, "-m", "jax_r2ccl", "sim", "calibrate", *files, "--rate", "500mbit"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "worst error" in r.stdout and "degrade-2h.json" in r.stdout
+    r = subprocess.run([sys.executable, "-m", "jax_r2ccl", "sim", "calibrate", *files, "--rate", "250mbit"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1, r.stdout   # a wrong rate is caught
