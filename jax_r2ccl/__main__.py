@@ -38,6 +38,11 @@ def _sim_calibrate(args: argparse.Namespace) -> int:
     return calibrate.main(args)
 
 
+def _sim_plans(args: argparse.Namespace) -> int:
+    from .sim import plans
+    return plans.main(args)
+
+
 def _settings(args: argparse.Namespace) -> int:
     from .config import settings_table
     print(settings_table(), end="")
@@ -83,6 +88,12 @@ def build_parser() -> argparse.ArgumentParser:
                              description=calibrate.__doc__)
     calibrate.add_args(cal)
     cal.set_defaults(handler=_sim_calibrate)
+    from .sim import plans as sim_plans
+    sp = sim_plans_parser = sim_sub.add_parser("plans", help="every all-reduce plan at scale, one server degraded",
+                                               description=sim_plans.__doc__)
+    sim_plans.add_args(sp)
+    sp.set_defaults(handler=_sim_plans)
+    del sim_plans_parser
 
     sub.add_parser("demo", help="the fault-tolerance demo (arguments go to jax_r2ccl.demo)",
                    add_help=False)

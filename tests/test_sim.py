@@ -54,3 +54,16 @@ def test_calibrate_command_line():
     r = subprocess.run([sys.executable, "-m", "jax_r2ccl", "sim", "calibrate", *files, "--rate", "250mbit"],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 1, r.stdout   # a wrong rate is caught
+
+
+def test_plans_at_1024_gpus_match_the_paper_model_and_the_planner_nearly_hides_the_loss():
+    from jax_r2ccl.sim import Cluster
+    from jax_r2ccl.sim.plans import table
+    c = Cluster(servers=128)
+    rows = {(r["x"], r["plan"]): r for r in table(c, float(1 << 30), [0.25, 0.5])}
+    n = 128
+    for x in (0.25, 0.5):
+        # the paper's models, on the network part: Balance 1/(1-X); R2CC 1 + nX/(2(n-1)(1-X)) (to ~1%)
+        assert abs(rows[(x, "balance")]["net_vs_healthy"] - 1 / (1 - x)) < 0.01
+        assert abs(rows[(x, "r2cc")]["net_vs_healthy"] - (1 + n * x / (2 * (n - 1) * (1 - x)))) < 0.02
+        assert rows[(x, "auto")]["ran"] == "optimal" and rows[(x, "optimal")]["net_vs_healthy"] < 1.01
