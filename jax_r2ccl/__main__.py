@@ -43,6 +43,11 @@ def _sim_plans(args: argparse.Namespace) -> int:
     return plans.main(args)
 
 
+def _sim_run(args: argparse.Namespace) -> int:
+    from .sim import run
+    return run.main(args)
+
+
 def _settings(args: argparse.Namespace) -> int:
     from .config import settings_table
     print(settings_table(), end="")
@@ -81,7 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_args(d)
     d.set_defaults(handler=_doctor)
 
-    sim = sub.add_parser("sim", help="the large-scale simulator (so far: calibration against the test bed)")
+    sim = sub.add_parser("sim", help="the large-scale simulator (calibrate, plans, run; in progress)")
     sim_sub = sim.add_subparsers(dest="sim", metavar="SIM", required=True)
     from .sim import calibrate
     cal = sim_sub.add_parser("calibrate", help="the model of the test bed against measured bench JSON",
@@ -93,6 +98,11 @@ def build_parser() -> argparse.ArgumentParser:
                                                description=sim_plans.__doc__)
     sim_plans.add_args(sp)
     sp.set_defaults(handler=_sim_plans)
+    from .sim import run as sim_run
+    sr = sim_sub.add_parser("run", help="a training job through a NIC failure trace, per policy",
+                            description=sim_run.__doc__)
+    sim_run.add_args(sr)
+    sr.set_defaults(handler=_sim_run)
     del sim_plans_parser
 
     sub.add_parser("demo", help="the fault-tolerance demo (arguments go to jax_r2ccl.demo)",

@@ -67,3 +67,35 @@ def test_plans_at_1024_gpus_match_the_paper_model_and_the_planner_nearly_hides_t
         assert abs(rows[(x, "balance")]["net_vs_healthy"] - 1 / (1 - x)) < 0.01
         assert abs(rows[(x, "r2cc")]["net_vs_healthy"] - (1 + n * x / (2 * (n - 1) * (1 - x)))) < 0.02
         assert rows[(x, "auto")]["ran"] == "optimal" and rows[(x, "optimal")]["net_vs_healthy"] < 1.01
+
+
+def test_run_without_failures_costs_nothing_and_with_them_orders_the_policies():
+    from jax_r2ccl.sim import Cluster
+    from jax_r2ccl.sim.failures import Failure, capacity_segments, poisson
+    from jax_r2ccl.sim.run import POLICIES, WORKLOADS, simulate
+    c = Cluster(servers=16)
+    wl = WORKLOADS["gpt-13b-dp"]
+    pols = list(POLICIES.values())
+    for r in simulate(c, wl, [], 3600.0, pols, 1800.0, 600.0):
+        assert abs(r["overhead"]) < 1e-12, r
+    fs = poisson(c, 0.05, 3600.0, seed=1)
+    assert fs == poisson(c, 0.05, 3600.0, seed=1) and len(fs) > 0          # seeded
+    by = {r["policy"]: r["overhead"] for r in simulate(c, wl, fs, 3600.0, pols, 1800.0, 600.0)}
+    assert 0 < by["jax_r2ccl"] <= by["r2ccl-r2cc"] <= by["r2ccl-balance"] < by["crash-restart"], by
+    # segments: a NIC down then degraded on one server, overlapping: the worst factor counts
+    segs = list(capacity_segments(Cluster(servers=2, nics_per_server=4),
+                                  [Failure(10, 1, 2, "down", 20), Failure(15, 1, 2, "degrade", 30, 0.1)], 100))
+    assert [(s, e, list(caps)) for s, e, caps, _ in segs] == [
+        (0.0, 10, [4, 4]), (10, 15, [4, 3]), (15, 30, [4, 3]), (30, 45, [4, 3.1]), (45, 100, [4, 4])]
+
+
+def test_run_command_line_writes_the_results_json(tmp_path):
+    out = tmp_path / "sim.json"
+    r = subprocess.run([sys.executable, "-m", "jax_r2ccl", "sim", "run", "--gpus", "1024", "--steps", "10000",
+                        "--failures", "poisson:0.01", "--seed", "2", "--json", str(out)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    import json
+    res = json.loads(out.read_text())["results"]
+    assert {x["policy"] for x in res} == {"crash-restart", "r2ccl-balance", "r2ccl-r2cc", "jax_r2ccl"}
+    assert all({"policy", "workload", "gpus", "overhead", "failures"} <= set(x) and x["gpus"] == 1024 for x in res)
