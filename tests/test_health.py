@@ -68,16 +68,16 @@ def test_prometheus_metrics_and_health_snapshot():
     assert {"state", "weight", "bandwidth_Bps", "rtt_us", "failures", "last_event"} <= set(rails[0]), rails[0]
 
 
-def test_doctor_reports_without_gpu_or_rdma():
+def test_doctor_reports_without_gpu_or_rdma(tmp_path):
     import json
     import subprocess
     import sys
     out = subprocess.run([sys.executable, "-m", "jax_r2ccl", "doctor", "--json"], capture_output=True, text=True,
-                         timeout=60, check=True).stdout
+                         timeout=60, check=True, cwd=tmp_path).stdout
     r = json.loads(out)
     assert any(n["name"] == "lo" for n in r["nics"]), r["nics"]
     assert any(line.startswith("NVML") for line in r["notes"]) and any(line.startswith("RDMA") for line in r["notes"])
     assert {s["env"] for s in r["settings"]} >= {"R2CCL_NICS", "R2CCL_MONITOR_MS"}
     text = subprocess.run([sys.executable, "-m", "jax_r2ccl", "doctor"], capture_output=True, text=True,
-                          timeout=60, check=True).stdout
+                          timeout=60, check=True, cwd=tmp_path).stdout
     assert "Settings in force" in text and "NICs" in text

@@ -45,14 +45,15 @@ def test_the_simulator_costs_are_the_planners():
         allreduce_seconds(big, 1 << 30, [8.0] * 3)
 
 
-def test_calibrate_command_line():
+def test_calibrate_command_line(tmp_path):
+    # run outside the checkout: `-m jax_r2ccl` must find the built package, not the source tree
     files = sorted(glob.glob(os.path.join(DATA, "*-2h.json")))
     r = subprocess.run([sys.executable, "-m", "jax_r2ccl", "sim", "calibrate", *files, "--rate", "500mbit"],
-                       capture_output=True, text=True, timeout=120)
+                       capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "worst error" in r.stdout and "degrade-2h.json" in r.stdout
     r = subprocess.run([sys.executable, "-m", "jax_r2ccl", "sim", "calibrate", *files, "--rate", "250mbit"],
-                       capture_output=True, text=True, timeout=120)
+                       capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert r.returncode == 1, r.stdout   # a wrong rate is caught
 
 
@@ -93,7 +94,7 @@ def test_run_command_line_writes_the_results_json(tmp_path):
     out = tmp_path / "sim.json"
     r = subprocess.run([sys.executable, "-m", "jax_r2ccl", "sim", "run", "--gpus", "1024", "--steps", "10000",
                         "--failures", "poisson:0.01", "--seed", "2", "--json", str(out)],
-                       capture_output=True, text=True, timeout=120)
+                       capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
     import json
     res = json.loads(out.read_text())["results"]
