@@ -170,6 +170,8 @@ def matrix(rank, world, local, dtypes=DTYPES, sub_dtypes=("float32", "bfloat16",
     res = {"bad": bad, "digests": digests, "seconds": secs, "cases": len(cases), "devices": N}
     if random_floats:
         res["random"] = _random_floats(mesh, all_axes)
+        # past 64 KiB: the owner exchange (and, from 3 processes on, the planner)
+        res["random_large"] = _random_floats(mesh, all_axes, size=40_000)
     return res
 
 

@@ -61,12 +61,13 @@ def test_replicated_results_are_identical_on_every_device(matrix):
             assert len(set(digs.values())) == 1, f"{case} group {g}: {digs}"
 
 
-def test_random_floats_within_bound_and_identical_everywhere(matrix):
+@pytest.mark.parametrize("which", ["random", "random_large"])
+def test_random_floats_within_bound_and_identical_everywhere(matrix, which):
     world, local, rs = matrix
     for dt in ("float32", "float64", "float16", "bfloat16"):
         digs = {}
         for r in rs:
-            rnd = r["result"]["random"][dt]
+            rnd = r["result"][which][dt]
             assert rnd["r2ccl_err_over_bound"] <= 1.0, (dt, rnd)
             assert rnd["lax_err_over_bound"] <= 1.0, (dt, rnd)
             digs.update(rnd["digests"])
