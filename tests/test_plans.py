@@ -39,3 +39,11 @@ def test_mismatched_plans_are_a_clear_error_on_every_process():
         out = r["result"]
         assert out["cause"] == "mismatch" and "plan optimal" in out["error"] and "plan balance" in out["error"], out
         assert out["after"] == [3] * 10          # the next collective works
+
+
+def test_large_collectives_of_different_kinds_are_a_clear_mismatch_on_every_process():
+    res = run_ranks("host_kind_mismatch", 3, nics=LOOPBACK4[:2], timeout=60)
+    for r in res:
+        out = r["result"]
+        assert out["cause"] == "mismatch", out
+        assert "all_reduce" in out["error"] and "reduce_scatter" in out["error"], out

@@ -217,8 +217,13 @@ class Executor::Op {
     if (finished_) return true;
     finished_ = true;
     if (e)
-      for (auto& m : msgs_)
+      for (size_t i = 0; i < msgs_.size(); i++) {
+        auto& m = msgs_[i];
+        // Our signature still goes out after a mismatch: the peers need it to name the
+        // disagreement themselves rather than see an abandoned message.
+        if (e->cause() == Cause::kMismatch && sig_sends_.count(static_cast<int>(i))) continue;
         if (m.req && !m.req->finished()) ep_.cancel(m.req, Cause::kTimeout, "collective abandoned: " + std::string(e->what()));
+      }
     if (c_.done) c_.done(e);
     return true;
   }
@@ -341,17 +346,20 @@ class Executor::Op {
 
   // Separate signature messages (large collectives; small all-reduces carry theirs in front
   // of their data, see reduce_segment_all).
-  // A planned all-reduce appends this process's capacity (a double) to its signature.
+  // Every signature message carries a capacity (a double) after the signature, used by a
+  // planned all-reduce: one length for all, so processes that disagree about the call get
+  // the signature comparison's account of it, not a message-size error.
   void exchange_signatures(bool with_capacity = false) {
     if (procs_.size() < 2) return;
     uint64_t tag = mix_tag(c_.tag, 0, 0, 0, 0);
-    const uint64_t len = kSigBytes + (with_capacity ? sizeof(double) : 0);
+    const uint64_t len = kSigBytes + sizeof(double);
     uint8_t* mine = temp(len);
     std::memcpy(mine, my_sig_.data(), kSigBytes);
-    if (with_capacity) std::memcpy(mine + kSigBytes, &my_capacity_, sizeof(double));
+    const double cap = with_capacity ? my_capacity_ : 0.0;
+    std::memcpy(mine + kSigBytes, &cap, sizeof(double));
     for (int q : procs_) {
       if (q == me_) continue;
-      send(q, tag, mine, len);
+      sig_sends_.insert(send(q, tag, mine, len));
       uint8_t* b = temp(len);
       sig_msgs_.push_back({recv(q, tag, b, len), q, b});
     }
@@ -590,6 +598,7 @@ class Executor::Op {
     const uint8_t* where;    // the peer's signature once the message arrived
   };
   std::vector<SigMsg> sig_msgs_;
+  std::set<int> sig_sends_;  // message indices of this process's signature sends
   static constexpr uint64_t kSigBytes = 32;
 };
 
