@@ -10,42 +10,15 @@ import os
 import sys
 
 
-def _bench_p2p(args: argparse.Namespace) -> int:
-    os.environ.setdefault("JAX_PLATFORMS", "cpu")   # before anything imports jax
-    from .bench import p2p
-    return p2p.main(args)
-
-
-def _bench_collective(args: argparse.Namespace) -> int:
-    os.environ.setdefault("JAX_PLATFORMS", "cpu")
-    from .bench import collective
-    return collective.main(args)
-
-
-def _bench_timeline(args: argparse.Namespace) -> int:
-    os.environ.setdefault("JAX_PLATFORMS", "cpu")
-    from .bench import timeline
-    return timeline.main(args)
-
-
-def _doctor(args: argparse.Namespace) -> int:
-    from . import doctor
-    return doctor.main(args)
-
-
-def _sim_calibrate(args: argparse.Namespace) -> int:
-    from .sim import calibrate
-    return calibrate.main(args)
-
-
-def _sim_plans(args: argparse.Namespace) -> int:
-    from .sim import plans
-    return plans.main(args)
-
-
-def _sim_run(args: argparse.Namespace) -> int:
-    from .sim import run
-    return run.main(args)
+def _runs(module: str, jax_cpu: bool = False):
+    """The handler of a subcommand: imports jax_r2ccl.<module> only when it runs and calls its
+    main(args). jax_cpu: JAX_PLATFORMS=cpu before anything imports jax."""
+    def handler(args: argparse.Namespace) -> int:
+        if jax_cpu:
+            os.environ.setdefault("JAX_PLATFORMS", "cpu")
+        import importlib
+        return importlib.import_module(f"{__package__}.{module}").main(args)
+    return handler
 
 
 def _settings(args: argparse.Namespace) -> int:
@@ -65,26 +38,26 @@ def build_parser() -> argparse.ArgumentParser:
     p = bench_sub.add_parser("p2p", help="point-to-point bandwidth, rank 2k -> 2k+1, every byte checked",
                              description=p2p.__doc__)
     p2p.add_args(p)
-    p.set_defaults(handler=_bench_p2p)
+    p.set_defaults(handler=_runs("bench.p2p", jax_cpu=True))
 
     from .bench import collective
     for name in collective.OPS:
         c = bench_sub.add_parser(name, help=f"{name} bandwidth through the JAX custom calls (nccl-tests table)",
                                  description=collective.__doc__)
         collective.add_args(c)
-        c.set_defaults(handler=_bench_collective)
+        c.set_defaults(handler=_runs("bench.collective", jax_cpu=True))
 
     from .bench import timeline
     t = bench_sub.add_parser("timeline", help="per-rail throughput over time through a fault sequence (JSON + PNG)",
                              description=timeline.__doc__)
     timeline.add_args(t)
-    t.set_defaults(handler=_bench_timeline)
+    t.set_defaults(handler=_runs("bench.timeline", jax_cpu=True))
 
     from . import doctor
     d = sub.add_parser("doctor", help="NICs, GPUs, RDMA devices, topology and the configuration in force",
                        description=doctor.__doc__)
     doctor.add_args(d)
-    d.set_defaults(handler=_doctor)
+    d.set_defaults(handler=_runs("doctor"))
 
     sim = sub.add_parser("sim", help="the large-scale simulator (calibrate, plans, run; in progress)")
     sim_sub = sim.add_subparsers(dest="sim", metavar="SIM", required=True)
@@ -92,18 +65,17 @@ def build_parser() -> argparse.ArgumentParser:
     cal = sim_sub.add_parser("calibrate", help="the model of the test bed against measured bench JSON",
                              description=calibrate.__doc__)
     calibrate.add_args(cal)
-    cal.set_defaults(handler=_sim_calibrate)
+    cal.set_defaults(handler=_runs("sim.calibrate"))
     from .sim import plans as sim_plans
-    sp = sim_plans_parser = sim_sub.add_parser("plans", help="every all-reduce plan at scale, one server degraded",
-                                               description=sim_plans.__doc__)
+    sp = sim_sub.add_parser("plans", help="every all-reduce plan at scale, one server degraded",
+                            description=sim_plans.__doc__)
     sim_plans.add_args(sp)
-    sp.set_defaults(handler=_sim_plans)
+    sp.set_defaults(handler=_runs("sim.plans"))
     from .sim import run as sim_run
     sr = sim_sub.add_parser("run", help="a training job through a NIC failure trace, per policy",
                             description=sim_run.__doc__)
     sim_run.add_args(sr)
-    sr.set_defaults(handler=_sim_run)
-    del sim_plans_parser
+    sr.set_defaults(handler=_runs("sim.run"))
 
     sub.add_parser("demo", help="the fault-tolerance demo (arguments go to jax_r2ccl.demo)",
                    add_help=False)

@@ -297,7 +297,6 @@ void Monitor::sample(int64_t now) {
         t.seen = true;
         t.acked = s.acked_bytes;
         t.busy_s = s.busy_s;
-        t.state = s.state;
         t.failures = s.failures;
         t.recoveries = s.recoveries;
         t.weight = s.weight;
@@ -307,7 +306,6 @@ void Monitor::sample(int64_t now) {
       if (s.recoveries > t.recoveries) emit({0, unix_s(), "rail_recovered", peer, s.rail, nic, "failback"});
       t.failures = s.failures;
       t.recoveries = s.recoveries;
-      t.state = s.state;
       double d_busy = s.busy_s - t.busy_s;
       uint64_t d_acked = s.acked_bytes - t.acked;
       if (d_busy >= kMinBusyS && s.state == "up") {

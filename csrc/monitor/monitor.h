@@ -78,7 +78,6 @@ class Monitor {
     double bw = 0;              // smoothed bytes/s
     double weight = 1.0;        // last applied
     int64_t weight_ns = 0;      // when it was applied
-    std::string state;
     uint64_t failures = 0, recoveries = 0;
     bool degraded = false;
     double ratio = 1.0;         // delivered bandwidth over the best sibling's (quantised as the weight)
