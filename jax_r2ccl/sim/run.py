@@ -1,61 +1,26 @@
-"""`python -m jax_r2ccl sim run`: a data-parallel training job on a large cluster through a NIC
-failure trace, under several fault-handling policies; the throughput each loses against the
-same job without failures.
+"""`python -m jax_r2ccl sim [run] --gpus 1024 --workload gpt-13b-tp-pp --failures SPEC
+--policies all`: a training job or a serving fleet on a large cluster through a NIC failure
+trace, under each fault-handling policy; the throughput (training) or request latency (serving)
+each loses against the same job without failures, as a table, JSON and a PNG.
 
-So far (issue 6 is open): training workloads whose inter-server traffic is the gradient
-all-reduce, and the policies crash-and-restart (NCCL's default), R2CCL's Balance and
-R2CC-AllReduce, and jax_r2ccl's planner. Not yet: tensor/pipeline-parallel traffic across
-servers, serving, AdapCC- and DejaVu-like policies, flapping. The assumptions are named in
-WORKLOADS and POLICIES below; the all-reduce costs are the planner's own (csrc/coll/plan.cc)."""
+overhead: over the whole horizon. active: over the time some failure is in force (training) or
+over the requests that met one (serving): what "overhead under an active failure" means in the
+R2CCL paper. The workloads are in workloads.py, the policies and their timing constants in
+policies.py, the restart costs in engine.Restart: every number there is an assumption or a
+published figure, named where it is set."""
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
 import time
 
 from .cluster import Cluster, parse_rate
-from .costs import allreduce_seconds
-from .failures import capacity_segments, parse_failures
-
-
-@dataclasses.dataclass(frozen=True)
-class Workload:
-    name: str
-    params: float            # trainable parameters (the gradient all-reduce moves 2 bytes each)
-    compute_s: float         # forward + backward of one step on one GPU, communication excluded
-    overlap: float = 0.8     # fraction of the compute the gradient all-reduce can hide behind
-    grad_bytes_per_param: float = 2.0
-
-    def step_seconds(self, comm_s: float) -> float:
-        return self.compute_s + max(0.0, comm_s - self.overlap * self.compute_s)
-
-
-# compute_s from 6 x params x tokens / (989 TFLOP/s x 40% MFU), 16 Ki tokens per GPU per step.
-WORKLOADS = {
-    "gpt-2.7b-dp": Workload("gpt-2.7b-dp", 2.7e9, 6 * 2.7e9 * 16384 / (989e12 * 0.4)),
-    "gpt-13b-dp": Workload("gpt-13b-dp", 13e9, 6 * 13e9 * 16384 / (989e12 * 0.4)),
-}
-
-
-@dataclasses.dataclass(frozen=True)
-class Policy:
-    name: str
-    plan: str | None         # all-reduce plan while degraded; None: crash and restart
-    failover_s: float = 0.0  # progress lost at each failure before traffic moves
-
-
-POLICIES = {
-    # The job dies on a NIC failure and restarts from its last checkpoint on healthy spares.
-    "crash-restart": Policy("crash-restart", None),
-    # R2CCL: striping over the survivors (Balance) or R2CC-AllReduce, after its failover.
-    "r2ccl-balance": Policy("r2ccl-balance", "balance", failover_s=0.5),
-    "r2ccl-r2cc": Policy("r2ccl-r2cc", "r2cc", failover_s=0.5),
-    # jax_r2ccl: kernel link events fail the rails at once; the planner re-plans every call.
-    "jax_r2ccl": Policy("jax_r2ccl", "auto", failover_s=0.05),
-}
+from .engine import Restart, run_serving, run_training
+from .failures import PRESETS, parse_failures
+from .policies import POLICIES
+from .workloads import WORKLOADS, Serving
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
@@ -63,86 +28,114 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpus-per-server", type=int, default=8)
     p.add_argument("--nics-per-server", type=int, default=8)
     p.add_argument("--nic-rate", default="400gbit")
+    p.add_argument("--fused-ports", type=int, default=1,
+                   help="NIC ports fused into one device (nccl-failover needs 2 or more; default 1)")
     p.add_argument("--workload", default="gpt-2.7b-dp", choices=sorted(WORKLOADS))
-    p.add_argument("--steps", type=int, default=10000, help="fault-free steps the horizon holds")
+    p.add_argument("--steps", type=int, default=10000, help="training: fault-free steps the horizon holds")
+    p.add_argument("--hours", type=float, default=None, help="the horizon (default: --steps for training, 3 h serving)")
     p.add_argument("--failures", default="poisson:0.001",
-                   help="poisson:RATE[:MEAN_REPAIR_S] (per NIC per hour), a trace JSON file, or none")
+                   help=f"poisson:RATE[:MEAN_REPAIR_S] (per NIC per hour), a preset ({', '.join(PRESETS)}, "
+                        f"scaled as llama3:x100), a trace JSON file, or none")
+    p.add_argument("--degrade-fraction", type=float, default=0.0, help="share of failures that slow a NIC to 1/10")
+    p.add_argument("--flap-fraction", type=float, default=0.0, help="share of failures that flap (100 ms period)")
     p.add_argument("--policies", default="all", help=f"comma-separated, or all: {', '.join(POLICIES)}")
     p.add_argument("--checkpoint-s", type=float, default=1800.0, help="checkpoint period (crash-restart)")
     p.add_argument("--restart-s", type=float, default=600.0, help="restart time after a crash")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None, metavar="PATH")
     p.add_argument("--plot", default=None, metavar="PNG", help="bar chart of the overheads (matplotlib)")
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="progress bar on stderr (default: when stderr is a terminal)")
 
 
-def simulate(cluster: Cluster, workload: Workload, failures, seconds: float, policies: list[Policy],
-             checkpoint_s: float, restart_s: float) -> list[dict]:
-    """Steps each policy completes in `seconds` of wall time, against the fault-free job."""
-    nbytes = workload.params * workload.grad_bytes_per_param
-    healthy_step = workload.step_seconds(allreduce_seconds(cluster, nbytes, plan="balance")["seconds"])
-    fault_free = seconds / healthy_step
-    cache: dict[tuple, float] = {}
+class Progress:
+    """A one-line bar on stderr."""
 
-    def step_s(plan: str, caps) -> float:
-        key = (plan, tuple(round(float(c), 6) for c in caps))
-        if key not in cache:
-            cache[key] = workload.step_seconds(allreduce_seconds(cluster, nbytes, list(caps), plan)["seconds"])
-        return cache[key]
+    def __init__(self, total: int, enabled: bool, width: int = 30):
+        self.total, self.enabled, self.width, self.done = max(1, total), enabled, width, 0
 
-    segments = list(capacity_segments(cluster, failures, seconds))
-    n_failures = sum(1 for f in failures if f.t < seconds)
-    out = []
-    for pol in policies:
-        steps = 0.0
-        if pol.plan is None:
-            # Progress since the last checkpoint is lost at a failure; nothing moves while the
-            # job restarts; it then runs on healthy hardware.
-            saved, last_ckpt, down_until = 0.0, 0.0, 0.0
-            for f in sorted((f for f in failures if f.t < seconds), key=lambda f: f.t):
-                if f.t < down_until:
-                    continue
-                run_s = f.t - down_until
-                done = run_s / healthy_step
-                kept = int((f.t - last_ckpt) // checkpoint_s) if f.t > last_ckpt else 0
-                saved += min(done, kept * checkpoint_s / healthy_step)
-                down_until = f.t + restart_s
-                last_ckpt = down_until
-            if down_until < seconds:
-                saved += (seconds - down_until) / healthy_step
-            steps = saved
+    def step(self, label: str) -> None:
+        self.done += 1
+        if self.enabled:
+            k = self.width * self.done // self.total
+            sys.stderr.write(f"\r[{'#' * k}{'.' * (self.width - k)}] {self.done}/{self.total} {label:24}")
+            if self.done >= self.total:
+                sys.stderr.write("\n")
+            sys.stderr.flush()
+
+
+def cluster_of(args: argparse.Namespace) -> Cluster:
+    if args.gpus <= 0 or args.gpus % args.gpus_per_server:
+        raise ValueError(f"--gpus {args.gpus} must be a positive multiple of --gpus-per-server {args.gpus_per_server}")
+    return Cluster(servers=args.gpus // args.gpus_per_server, gpus_per_server=args.gpus_per_server,
+                   nics_per_server=args.nics_per_server, nic_bps=parse_rate(args.nic_rate))
+
+
+def simulate(args: argparse.Namespace) -> tuple[dict, list[dict]]:
+    cluster = cluster_of(args)
+    wl = WORKLOADS[args.workload]
+    wl.check(cluster)
+    serving = isinstance(wl, Serving)
+    names = list(POLICIES) if args.policies == "all" else [p.strip() for p in args.policies.split(",") if p.strip()]
+    unknown = [n for n in names if n not in POLICIES]
+    if unknown:
+        raise ValueError(f"unknown policies {unknown}; use {', '.join(POLICIES)}")
+    if args.policies == "all" and not serving:
+        names = [n for n in names if not POLICIES[n].serving_only]
+    bad = [n for n in names if POLICIES[n].serving_only and not serving]
+    if bad:
+        raise ValueError(f"policies {bad} apply to serving workloads only")
+    restart = Restart(restart_s=args.restart_s, checkpoint_s=args.checkpoint_s)
+    if args.hours is not None:
+        if args.hours <= 0:
+            raise ValueError("--hours must be > 0")
+        seconds = args.hours * 3600
+    elif serving:
+        seconds = 3 * 3600.0
+    else:
+        seconds = args.steps * wl.step(cluster, {}, "balance")[0]
+    failures = parse_failures(args.failures, cluster, seconds, args.seed, degrade_fraction=args.degrade_fraction,
+                              flap_fraction=args.flap_fraction)
+    bar = Progress(len(names), sys.stderr.isatty() if args.progress is None else args.progress)
+    rows = []
+    for n in names:
+        if serving:
+            rows.append(run_serving(cluster, wl, failures, seconds, POLICIES[n], restart, args.fused_ports, args.seed))
         else:
-            for start, end, caps, begins in segments:
-                stall = pol.failover_s if begins else 0.0
-                steps += max(0.0, end - start - stall) / step_s(pol.plan, caps)
-        out.append({"policy": pol.name, "workload": workload.name, "gpus": cluster.servers * cluster.gpus_per_server,
-                    "overhead": 1.0 - steps / fault_free, "failures": n_failures, "steps": steps,
-                    "fault_free_steps": fault_free, "healthy_step_s": healthy_step})
-    return out
+            rows.append(run_training(cluster, wl, failures, seconds, POLICIES[n], restart, args.fused_ports))
+        bar.step(n)
+    info = {"cluster": cluster, "workload": wl, "seconds": seconds,
+            "failures_in_horizon": sum(1 for f in failures if f.t < seconds)}
+    return info, rows
 
 
 def main(args: argparse.Namespace) -> int:
     t0 = time.monotonic()
-    if args.gpus % args.gpus_per_server:
-        raise SystemExit("sim run: --gpus must be a multiple of --gpus-per-server")
-    cluster = Cluster(servers=args.gpus // args.gpus_per_server, gpus_per_server=args.gpus_per_server,
-                      nics_per_server=args.nics_per_server, nic_bps=parse_rate(args.nic_rate))
-    wl = WORKLOADS[args.workload]
-    names = list(POLICIES) if args.policies == "all" else [p.strip() for p in args.policies.split(",")]
-    unknown = [n for n in names if n not in POLICIES]
-    if unknown:
-        raise SystemExit(f"sim run: unknown policies {unknown}; use {', '.join(POLICIES)}")
-    nbytes = wl.params * wl.grad_bytes_per_param
-    healthy_step = wl.step_seconds(allreduce_seconds(cluster, nbytes, plan="balance")["seconds"])
-    seconds = args.steps * healthy_step
-    failures = parse_failures(args.failures, cluster, seconds, args.seed)
-    rows = simulate(cluster, wl, failures, seconds, [POLICIES[n] for n in names], args.checkpoint_s, args.restart_s)
-    print(f"# sim run: {args.gpus} GPUs ({cluster.servers} servers x {cluster.gpus_per_server}, "
-          f"{cluster.nics_per_server} x {args.nic_rate} NICs), {wl.name}, {args.steps} fault-free steps of "
-          f"{healthy_step:.3f} s ({seconds / 3600:.1f} h), failures {args.failures} (seed {args.seed}): "
-          f"{len([f for f in failures if f.t < seconds])} in the horizon")
-    print(f"# {'policy':16} {'overhead':>9} {'steps':>10}")
-    for r in rows:
-        print(f"  {r['policy']:16} {r['overhead']:9.3%} {r['steps']:10.0f}")
+    try:
+        info, rows = simulate(args)
+    except ValueError as e:
+        print(f"sim: {e}", file=sys.stderr)
+        return 2
+    cluster, wl = info["cluster"], info["workload"]
+    serving = isinstance(wl, Serving)
+    print(f"# sim: {args.gpus} GPUs ({cluster.servers} servers x {cluster.gpus_per_server}, "
+          f"{cluster.nics_per_server} x {args.nic_rate} NICs), {wl.name} ({wl.doc}), {info['seconds'] / 3600:.2f} h, "
+          f"failures {args.failures} (seed {args.seed}): {info['failures_in_horizon']} in the horizon")
+    if serving:
+        r0 = rows[0] if rows else {}
+        print(f"# {r0.get('requests', 0):,} requests, {r0.get('mean_latency_s', 0):.2f} s each on average "
+              f"({1e3 * r0.get('tpot_s', 0):.2f} ms per output token)")
+        print(f"# latency overhead: mean over all requests; active: over the requests a failure met")
+        print(f"# {'policy':14} {'overhead':>9} {'active':>9} {'hit':>8} {'worst(s)':>9} {'crashes':>7}")
+        for r in rows:
+            print(f"  {r['policy']:14} {r['overhead']:9.4%} {r['overhead_active']:9.3%} {r['requests_hit']:8d} "
+                  f"{r['worst_extra_s']:9.3f} {r['crashes']:7d}")
+    else:
+        print(f"# throughput overhead: over the horizon; active: while a failure is in force")
+        print(f"# {'policy':14} {'overhead':>9} {'active':>9} {'crashes':>7} {'failovers':>9} {'steps':>10}")
+        for r in rows:
+            print(f"  {r['policy']:14} {r['overhead']:9.3%} {r['overhead_active']:9.3%} {r['crashes']:7d} "
+                  f"{r['failovers']:9d} {r['steps']:10.0f}")
     print(f"# simulated in {time.monotonic() - t0:.2f} s")
     if args.json:
         with open(args.json, "w") as f:
@@ -154,12 +147,18 @@ def main(args: argparse.Namespace) -> int:
             matplotlib.use("Agg")
             import matplotlib.pyplot as plt
         except ImportError:
-            print("sim run: matplotlib is not installed (pip install 'jax_r2ccl[plot]')", file=sys.stderr)
+            print("sim: matplotlib is not installed (pip install 'jax_r2ccl[plot]'); no plot", file=sys.stderr)
             return 0
-        fig, ax = plt.subplots(figsize=(7, 3.5))
-        ax.bar([r["policy"] for r in rows], [100 * r["overhead"] for r in rows], color="tab:blue")
-        ax.set_ylabel("throughput lost (%)")
-        ax.set_title(f"{wl.name} on {args.gpus} GPUs, failures {args.failures}")
+        fig, ax = plt.subplots(figsize=(8, 3.6))
+        names = [r["policy"] for r in rows]
+        ax.bar([i - 0.2 for i in range(len(rows))], [100 * r["overhead"] for r in rows], 0.4, label="over the horizon")
+        ax.bar([i + 0.2 for i in range(len(rows))], [100 * r["overhead_active"] for r in rows], 0.4,
+               label="while a failure is in force" if not serving else "requests a failure met")
+        ax.set_xticks(range(len(rows)), names, rotation=20)
+        ax.set_yscale("symlog", linthresh=0.1)
+        ax.set_ylabel(("latency" if serving else "throughput") + " overhead (%)")
+        ax.set_title(f"{wl.name} on {args.gpus} GPUs, failures {args.failures}", fontsize=10)
+        ax.legend(fontsize=8)
         fig.tight_layout()
         fig.savefig(args.plot, dpi=110)
     return 0

@@ -1,0 +1,226 @@
+"""The simulation proper: a training job or a serving fleet through a failure trace under one
+policy, event by event (an outage starting or ending, a checkpoint), never step by step, so a
+long horizon costs what its failures cost."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+
+from .cluster import Cluster
+from .failures import Failure, Outage, Sweep, check_in_cluster, expand
+from .policies import Policy, alive_gpus, capacity
+from .workloads import Serving, Training
+
+
+@dataclasses.dataclass(frozen=True)
+class Restart:
+    """What a job that dies costs: restarting (scheduling, loading the checkpoint, warm-up) and
+    how often it saved progress; for serving, the time to notice a hung collective."""
+    restart_s: float = 600.0
+    checkpoint_s: float = 1800.0
+    detect_s: float = 30.0         # a hung NCCL collective found by a health check (not the 10 min watchdog)
+    dejavu_detect_s: float = 1.0   # DejaVu's heartbeat
+    dejavu_restore_Bps: float = 25e9   # KV replica -> new worker (a 200 Gbit/s path)
+    dejavu_restart_s: float = 2.0      # a standby stage worker takes over (weights already resident)
+
+
+def _state_key(state: dict) -> tuple:
+    return tuple(sorted(state.items()))
+
+
+def steady_overhead(cluster: Cluster, wl: Training | Serving, policy: Policy, state: dict,
+                    fused_ports: int = 1) -> float | None:
+    """Throughput lost (training) or time per output token added (serving) while the NICs in
+    `state` (server -> factors) stay as they are; None: the job cannot run."""
+    caps, lost = {}, 0
+    for s, f in state.items():
+        c = capacity(policy, f, fused_ports)
+        if c is None:
+            return None
+        caps[s] = c
+        if policy.drops_ranks:
+            lost += cluster.gpus_per_server - alive_gpus(f, cluster.gpus_per_server)
+    if isinstance(wl, Serving):
+        if lost:
+            return None
+        full = [float(cluster.nics_per_server)] * wl.pp
+        first = min(caps) - min(caps) % wl.pp if caps else 0
+        deg = [caps.get(first + k, full[k]) for k in range(wl.pp)]
+        return wl.tpot(cluster, deg) / wl.tpot(cluster, full) - 1.0
+    if lost and not (wl.tp == 1 and wl.pp == 1):
+        return None
+    h, _ = wl.step(cluster, {}, policy.plan)
+    d, frac = wl.step(cluster, caps, policy.plan, lost)
+    return 1.0 - frac * h / d
+
+
+def run_training(cluster: Cluster, wl: Training, failures: list[Failure], seconds: float, policy: Policy,
+                 restart: Restart, fused_ports: int = 1) -> dict:
+    """Work done in `seconds` under `policy`, against the same job without failures."""
+    check_in_cluster(cluster, failures)
+    if policy.serving_only:
+        raise ValueError(f"policy {policy.name} is for serving workloads")
+    healthy_step, _ = wl.step(cluster, {}, policy.plan)
+    healthy_rate = 1.0 / healthy_step
+    sw = Sweep(expand(failures, seconds, policy.holddown_s), cluster.nics_per_server)
+    cache: dict[tuple, float | None] = {}
+    dp = wl.tp == 1 and wl.pp == 1
+
+    def rate(state) -> float | None:
+        if not state:
+            return healthy_rate
+        key = _state_key(state)
+        if key not in cache:
+            caps, lost, r = {}, 0, None
+            for s, f in state.items():
+                c = capacity(policy, f, fused_ports)
+                if c is None:
+                    break
+                caps[s] = c
+                if policy.drops_ranks:
+                    lost += cluster.gpus_per_server - alive_gpus(f, cluster.gpus_per_server)
+            else:
+                if not (lost and not dp):
+                    step, frac = wl.step(cluster, caps, policy.plan, lost)
+                    r = frac / step
+            cache[key] = r
+        return cache[key]
+
+    t = progress = saved = epoch = down_until = 0.0
+    active_time = active_work = 0.0
+    crashes = stalls = 0
+    C = restart.checkpoint_s
+
+    def on_start(t: float) -> None:
+        nonlocal progress, down_until, epoch, crashes, stalls, active_work
+        if rate(sw.state()) is None:
+            crashes += 1
+            active_work -= progress - saved
+            progress = saved
+            down_until = t + restart.restart_s
+            epoch = down_until
+            sw.drop_active()
+            sw.skip_until(down_until)
+        elif policy.failover_s > 0:
+            stalls += 1
+            down_until = max(down_until, t + policy.failover_s)
+
+    if sw.advance(0.0):
+        on_start(0.0)
+    while t < seconds:
+        nxt = min(sw.next_time(), seconds)
+        if nxt > t:
+            state = sw.state()
+            a = min(max(t, down_until), nxt)
+            r = rate(state) or 0.0
+            if C > 0 and nxt > epoch:
+                tc = epoch + math.floor((nxt - epoch) / C) * C
+                if tc > a:
+                    saved = progress + (tc - a) * r
+            work = (nxt - a) * r
+            progress += work
+            if state or down_until > t:
+                active_time += nxt - t
+                active_work += work
+        t = nxt
+        if t < seconds and sw.advance(t):
+            on_start(t)
+    fault_free = seconds * healthy_rate
+    return {"policy": policy.name, "workload": wl.name, "gpus": cluster.servers * cluster.gpus_per_server,
+            "overhead": 1.0 - progress / fault_free,
+            "overhead_active": (1.0 - active_work / (active_time * healthy_rate)) if active_time > 0 else 0.0,
+            "active_s": active_time, "failures": sum(1 for f in failures if f.t < seconds),
+            "crashes": crashes, "failovers": stalls, "steps": progress, "fault_free_steps": fault_free,
+            "healthy_step_s": healthy_step}
+
+
+def run_serving(cluster: Cluster, wl: Serving, failures: list[Failure], seconds: float, policy: Policy,
+                restart: Restart, fused_ports: int = 1, seed: int = 0) -> dict:
+    """Request latency over `seconds` under `policy`, against the same requests without
+    failures. Requests arrive at each instance as a Poisson process (seeded: every policy sees
+    the same ones) and decode with continuous batching at the instance's time per output token.
+    A request in flight when its instance stalls waits out the stall; when the instance dies,
+    crash-restart re-runs it elsewhere after the hang is noticed, DejaVu resumes it from the
+    replicated KV cache. Requests arriving while an instance restarts go to the others."""
+    check_in_cluster(cluster, failures)
+    if policy.drops_ranks:
+        policy = dataclasses.replace(policy, view="crash")   # no path for a unique shard (see policies)
+    pp = wl.pp
+    inst = wl.instances(cluster)
+    healthy_caps = [float(cluster.nics_per_server)] * pp
+    tpot0 = wl.tpot(cluster, healthy_caps)
+    ttft_mean = wl.ttft(cluster, healthy_caps)
+    rng = np.random.default_rng(seed + 7919)
+    outages = expand(failures, seconds, policy.holddown_s)
+    by_inst: dict[int, list[Outage]] = {}
+    for o in outages:
+        by_inst.setdefault(o.server // pp, []).append(
+            dataclasses.replace(o, server=o.server % pp))
+    total_l0 = total_extra = active_l0 = active_extra = 0.0
+    n_req = hit = crashes = stalls = 0
+    worst = 0.0
+    lam = wl.arrival_rate(cluster)
+    mean_l0 = ttft_mean + wl.output_tokens * tpot0
+    for i in range(inst):
+        n = int(rng.poisson(lam * seconds))
+        n_req += n
+        if i not in by_inst:
+            total_l0 += n * mean_l0     # nothing happens to these: their expected latency
+            continue
+        arr = np.sort(rng.uniform(0, seconds, n))
+        prompt = rng.uniform(0.5, 1.5, n) * wl.prompt_tokens
+        out = rng.geometric(1.0 / wl.output_tokens, n).astype(float)
+        l0 = ttft_mean * prompt / wl.prompt_tokens + out * tpot0
+        extra = np.zeros(n)
+        touched = np.zeros(n, dtype=bool)
+        total_l0 += float(l0.sum())
+        sw = Sweep(sorted(by_inst[i], key=lambda o: o.start), cluster.nics_per_server)
+        t = 0.0
+        started = sw.advance(0.0)
+        while True:
+            if started:
+                state = sw.state()
+                lo, hi = np.searchsorted(arr, t - 3600.0), np.searchsorted(arr, t, side="right")
+                idx = lo + np.flatnonzero(t < arr[lo:hi] + l0[lo:hi])     # in flight at t
+                touched[idx] = True
+                if any(capacity(policy, f, fused_ports) is None for f in state.values()):
+                    crashes += 1
+                    if policy.kv_restore:
+                        kv = float((wl.kv_bytes_per_token * (prompt[idx] + out[idx] / 2)).sum())
+                        extra[idx] += restart.dejavu_detect_s + restart.dejavu_restart_s + kv / pp / restart.dejavu_restore_Bps
+                    else:
+                        extra[idx] += restart.detect_s + (t - arr[idx])
+                    sw.drop_active()
+                    sw.skip_until(t + restart.restart_s)
+                elif policy.failover_s > 0:
+                    stalls += 1
+                    extra[idx] += policy.failover_s
+            nxt = min(sw.next_time(), seconds)
+            state = sw.state()
+            if state and nxt > t:
+                caps = [capacity(policy, state.get(k, (1.0,) * cluster.nics_per_server), fused_ports)
+                        for k in range(pp)]
+                if all(c is not None for c in caps):
+                    slow = wl.tpot(cluster, caps) / tpot0 - 1.0
+                    lo, hi = np.searchsorted(arr, t - 3600.0), np.searchsorted(arr, nxt)
+                    ov = np.clip(np.minimum(nxt, arr[lo:hi] + l0[lo:hi]) - np.maximum(t, arr[lo:hi]), 0, None)
+                    touched[lo:hi] |= ov > 0
+                    extra[lo:hi] += ov * slow
+            if nxt >= seconds:
+                break
+            t = nxt
+            started = sw.advance(t)
+        total_extra += float(extra.sum())
+        active_l0 += float(l0[touched].sum())
+        active_extra += float(extra[touched].sum())
+        hit += int(touched.sum())
+        worst = max(worst, float(extra.max()) if n else 0.0)
+    return {"policy": policy.name, "workload": wl.name, "gpus": cluster.servers * cluster.gpus_per_server,
+            "overhead": total_extra / total_l0 if total_l0 else 0.0,
+            "overhead_active": active_extra / active_l0 if active_l0 else 0.0,
+            "worst_extra_s": worst, "requests": n_req, "requests_hit": hit,
+            "failures": sum(1 for f in failures if f.t < seconds), "crashes": crashes, "failovers": stalls,
+            "tpot_s": tpot0, "mean_latency_s": mean_l0}
