@@ -76,6 +76,12 @@ def build_parser() -> argparse.ArgumentParser:
                             description=sim_run.__doc__)
     sim_run.add_args(sr)
     sr.set_defaults(handler=_runs("sim.run"))
+    from .sim import paper as sim_paper
+    spp = sim_paper.add_args
+    pp = sim_sub.add_parser("paper", help="the R2CCL paper's evaluation, row by row, model beside paper",
+                            description=sim_paper.__doc__)
+    spp(pp)
+    pp.set_defaults(handler=_runs("sim.paper"))
 
     sub.add_parser("demo", help="the fault-tolerance demo (arguments go to jax_r2ccl.demo)",
                    add_help=False)
