@@ -59,7 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_args(d)
     d.set_defaults(handler=_runs("doctor"))
 
-    sim = sub.add_parser("sim", help="the large-scale simulator (calibrate, plans, run; in progress)")
+    sim = sub.add_parser("sim", help="the large-scale simulator: `sim [run] --gpus 1024 ...`, sim paper|plans|calibrate",
+                         description="The large-scale simulator (docs/sim.md). `sim --gpus 1024 ...` is `sim run`.")
     sim_sub = sim.add_subparsers(dest="sim", metavar="SIM", required=True)
     from .sim import calibrate
     cal = sim_sub.add_parser("calibrate", help="the model of the test bed against measured bench JSON",
@@ -72,7 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     sim_plans.add_args(sp)
     sp.set_defaults(handler=_runs("sim.plans"))
     from .sim import run as sim_run
-    sr = sim_sub.add_parser("run", help="a training job through a NIC failure trace, per policy",
+    sr = sim_sub.add_parser("run", help="a training or serving job through a NIC failure trace, per policy (default)",
                             description=sim_run.__doc__)
     sim_run.add_args(sr)
     sr.set_defaults(handler=_runs("sim.run"))
@@ -90,6 +91,9 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+SIM_COMMANDS = ("run", "paper", "plans", "calibrate", "-h", "--help")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "demo":
@@ -102,6 +106,8 @@ def main(argv: list[str] | None = None) -> int:
             print("python -m jax_r2ccl demo: this installation has no jax_r2ccl.demo", file=sys.stderr)
             return 2
         return int(demo.main(argv[1:]) or 0)
+    if argv and argv[0] == "sim" and (len(argv) == 1 or argv[1] not in SIM_COMMANDS):
+        argv.insert(1, "run")   # `sim --gpus 1024 ...` runs the simulation
     args = build_parser().parse_args(argv)
     return int(args.handler(args) or 0)
 

@@ -94,7 +94,7 @@ def run_training(cluster: Cluster, wl: Training, failures: list[Failure], second
     crashes = stalls = 0
     C = restart.checkpoint_s
 
-    def on_start(t: float) -> None:
+    def on_start(t: float, started: list[int]) -> None:
         nonlocal progress, down_until, epoch, crashes, stalls, active_work
         if rate(sw.state()) is None:
             crashes += 1
@@ -104,12 +104,13 @@ def run_training(cluster: Cluster, wl: Training, failures: list[Failure], second
             epoch = down_until
             sw.drop_active()
             sw.skip_until(down_until)
-        elif policy.failover_s > 0:
-            stalls += 1
+        elif policy.failover_s > 0 and any(sw.outages[k].factor == 0 for k in started):
+            stalls += 1     # a NIC that went down (a slow one moves no traffic off)
             down_until = max(down_until, t + policy.failover_s)
 
-    if sw.advance(0.0):
-        on_start(0.0)
+    started = sw.advance(0.0)
+    if started:
+        on_start(0.0, started)
     while t < seconds:
         nxt = min(sw.next_time(), seconds)
         if nxt > t:
@@ -126,8 +127,10 @@ def run_training(cluster: Cluster, wl: Training, failures: list[Failure], second
                 active_time += nxt - t
                 active_work += work
         t = nxt
-        if t < seconds and sw.advance(t):
-            on_start(t)
+        if t < seconds:
+            started = sw.advance(t)
+            if started:
+                on_start(t, started)
     fault_free = seconds * healthy_rate
     return {"policy": policy.name, "workload": wl.name, "gpus": cluster.servers * cluster.gpus_per_server,
             "overhead": 1.0 - progress / fault_free,
@@ -195,7 +198,7 @@ def run_serving(cluster: Cluster, wl: Serving, failures: list[Failure], seconds:
                         extra[idx] += restart.detect_s + (t - arr[idx])
                     sw.drop_active()
                     sw.skip_until(t + restart.restart_s)
-                elif policy.failover_s > 0:
+                elif policy.failover_s > 0 and any(sw.outages[k].factor == 0 for k in started):
                     stalls += 1
                     extra[idx] += policy.failover_s
             nxt = min(sw.next_time(), seconds)

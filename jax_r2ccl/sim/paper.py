@@ -43,6 +43,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seeds", type=int, default=5, help="failure traces per row of table 2 (default 5)")
     p.add_argument("--rate", type=float, default=0.002, help="table 2: failures per NIC per hour (default 0.002)")
     p.add_argument("--json", default=None, metavar="PATH")
+    p.add_argument("--plot", default=None, metavar="PNG", help="the Megatron figure, model beside paper (matplotlib)")
 
 
 def megatron(servers: int = 2) -> list[dict]:
@@ -146,8 +147,32 @@ def main(args: argparse.Namespace) -> int:
     for r in pl:
         if r["plan"] in ("balance", "r2cc", "auto"):
             print(f"  X={r['x']:.2f} {r['plan']:8} ({r['ran']:8}) network time {r['net_vs_healthy']:.4f}x healthy")
+    if args.plot:
+        plot_megatron([r for r in mg if r["servers"] == 2 and r["workload"] == "gpt-2.7b-dp"], args.plot)
     print(f"# done in {time.monotonic() - t0:.1f} s")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"megatron": mg, "at_scale": tables, "plans": pl}, f, indent=1)
     return 0
+
+
+def plot_megatron(rows: list[dict], path: str) -> None:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("sim paper: matplotlib is not installed (pip install 'jax_r2ccl[plot]'); no plot")
+        return
+    rows = [r for r in rows if r["model"] is not None]
+    fig, ax = plt.subplots(figsize=(7, 3.4))
+    x = range(len(rows))
+    ax.bar([i - 0.2 for i in x], [100 * r["model"] for r in rows], 0.4, label="simulator")
+    ax.bar([i + 0.2 for i in x], [100 * r["paper"] if isinstance(r["paper"], float) else 0 for r in rows], 0.4,
+           label="paper (v1 figure)")
+    ax.set_xticks(list(x), [r["policy"] for r in rows], rotation=15)
+    ax.set_ylabel("throughput lost (%)")
+    ax.set_title("Megatron GPT 2.7B data parallel, 2 x 8 H100, one of 8 NICs down", fontsize=10)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
