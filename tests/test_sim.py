@@ -216,3 +216,22 @@ def test_sim_command_line(tmp_path):
     r = subprocess.run([sys.executable, "-m", "jax_r2ccl", "sim", "--gpus", "32", "--failures", str(trace)],
                        capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert r.returncode == 2 and "outside the cluster" in r.stderr, r.stderr
+
+
+def test_textbook_collectives_agree_with_the_planner():
+    from jax_r2ccl.sim import Cluster
+    from jax_r2ccl.sim.costs import alltoall_seconds, exchange, p2p_seconds, ring_allreduce_seconds, \
+        tree_allreduce_seconds
+    c = Cluster(servers=16)
+    caps, D = [8.0] * 15 + [6.0], float(1 << 30)
+    # the ring and the planner's Balance move the same bytes through the slowest server
+    ring = ring_allreduce_seconds(caps, D, c.nic_Bps, 0.0)
+    bal = exchange(caps, D, c.nic_Bps, 0.0, "balance")["predicted_s"]
+    assert abs(ring / bal - 1) < 1e-9, (ring, bal)
+    assert abs(ring - 2 * 15 / 16 * D / (6 * c.nic_Bps)) < 1e-12
+    # the double binary tree: the ring's bandwidth for large messages, far less latency for small
+    assert 0.99 < tree_allreduce_seconds(caps, D, c.nic_Bps, 0.0, chunks=256) / ring < 1.1   # 2D vs 2(P-1)/P D
+    small = lambda f: f(caps, 4096.0, c.nic_Bps, 1e-5)
+    assert small(lambda *a: tree_allreduce_seconds(*a, chunks=1)) < small(ring_allreduce_seconds) / 3
+    assert abs(alltoall_seconds(caps, D, c.nic_Bps, 0.0) - 15 / 16 * D / (6 * c.nic_Bps)) < 1e-12
+    assert p2p_seconds(8, 3, D, c.nic_Bps, 1e-5) == 1e-5 + D / (3 * c.nic_Bps)

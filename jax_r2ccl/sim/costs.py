@@ -55,8 +55,10 @@ def ring_allreduce_seconds(caps: Sequence[float], nbytes: float, nic_Bps: float,
 
 def tree_allreduce_seconds(caps: Sequence[float], nbytes: float, nic_Bps: float, alpha_s: float,
                            chunks: int = 64) -> float:
-    """Pipelined double binary tree: reduce up and broadcast down, nbytes in `chunks`; an
-    inner node moves every byte twice in each direction, paced by the slowest server."""
+    """NCCL's double binary tree: each tree carries half the data and a server is inner in at
+    most one, so it moves about nbytes each way in the reduce and again in the broadcast,
+    pipelined in `chunks` over log2(P) levels, paced by the slowest server: the ring's
+    bandwidth with logarithmic instead of linear latency."""
     p = len(caps)
     if p < 2:
         return 0.0

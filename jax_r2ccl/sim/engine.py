@@ -118,9 +118,9 @@ def run_training(cluster: Cluster, wl: Training, failures: list[Failure], second
             a = min(max(t, down_until), nxt)
             r = rate(state) or 0.0
             if C > 0 and nxt > epoch:
-                tc = epoch + math.floor((nxt - epoch) / C) * C
-                if tc > a:
-                    saved = progress + (tc - a) * r
+                tc = epoch + math.floor((nxt - epoch) / C) * C    # the last checkpoint in [t, nxt]
+                if tc >= t:
+                    saved = progress + max(0.0, tc - a) * r
             work = (nxt - a) * r
             progress += work
             if state or down_until > t:
