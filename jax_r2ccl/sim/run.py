@@ -156,6 +156,8 @@ def main(args: argparse.Namespace) -> int:
                label="while a failure is in force" if not serving else "requests a failure met")
         ax.set_xticks(range(len(rows)), names, rotation=20)
         ax.set_yscale("symlog", linthresh=0.1)
+        top = max([100 * max(r["overhead"], r["overhead_active"]) for r in rows] + [1.0])
+        ax.set_ylim(0, top * 3)
         ax.set_ylabel(("latency" if serving else "throughput") + " overhead (%)")
         ax.set_title(f"{wl.name} on {args.gpus} GPUs, failures {args.failures}", fontsize=10)
         ax.legend(fontsize=8)
