@@ -235,3 +235,20 @@ def test_textbook_collectives_agree_with_the_planner():
     assert small(lambda *a: tree_allreduce_seconds(*a, chunks=1)) < small(ring_allreduce_seconds) / 3
     assert abs(alltoall_seconds(caps, D, c.nic_Bps, 0.0) - 15 / 16 * D / (6 * c.nic_Bps)) < 1e-12
     assert p2p_seconds(8, 3, D, c.nic_Bps, 1e-5) == 1e-5 + D / (3 * c.nic_Bps)
+
+
+def test_a_black_hole_costs_the_stall_timer_where_a_link_event_costs_milliseconds():
+    from jax_r2ccl.sim import Cluster
+    from jax_r2ccl.sim.engine import Restart, run_training, steady_overhead
+    from jax_r2ccl.sim.failures import Failure, poisson
+    from jax_r2ccl.sim.policies import POLICIES
+    from jax_r2ccl.sim.workloads import WORKLOADS
+    c, wl, p = Cluster(servers=16), WORKLOADS["gpt-13b-dp"], POLICIES["jax_r2ccl"]
+    loss = steady_overhead(c, wl, p, {3: (1.0,) * 5 + (0.0,) + (1.0,) * 2})
+    for kind, stall in (("down", 0.005), ("blackhole", 0.25)):
+        got = run_training(c, wl, [Failure(100.0, 3, 5, kind, 50.0)], 3600.0, p, Restart())
+        assert abs(got["overhead"] - (stall + (50.0 - stall) * loss) / 3600.0) < 1e-9, (kind, got)
+    kinds = {f.kind for f in poisson(c, 5.0, 3600.0, 0, blackhole_fraction=0.5, degrade_fraction=0.2)}
+    assert kinds == {"down", "blackhole", "degrade"}
+    with pytest.raises(ValueError):
+        poisson(c, 1.0, 3600.0, 0, blackhole_fraction=0.7, degrade_fraction=0.5)

@@ -11,7 +11,7 @@ import numpy as np
 
 from .cluster import Cluster
 from .failures import Failure, Outage, Sweep, check_in_cluster, expand
-from .policies import Policy, alive_gpus, capacity
+from .policies import Policy, alive_gpus, capacity, stall_seconds
 from .workloads import Serving, Training
 
 
@@ -104,9 +104,13 @@ def run_training(cluster: Cluster, wl: Training, failures: list[Failure], second
             epoch = down_until
             sw.drop_active()
             sw.skip_until(down_until)
-        elif policy.failover_s > 0 and any(sw.outages[k].factor == 0 for k in started):
-            stalls += 1     # a NIC that went down (a slow one moves no traffic off)
-            down_until = max(down_until, t + policy.failover_s)
+        else:
+            # a NIC that went down (a slow one moves no traffic off); the slowest to notice counts
+            stall = max((stall_seconds(policy, sw.outages[k].silent) for k in started
+                         if sw.outages[k].factor == 0), default=0.0)
+            if stall > 0:
+                stalls += 1
+                down_until = max(down_until, t + stall)
 
     started = sw.advance(0.0)
     if started:
@@ -198,9 +202,12 @@ def run_serving(cluster: Cluster, wl: Serving, failures: list[Failure], seconds:
                         extra[idx] += restart.detect_s + (t - arr[idx])
                     sw.drop_active()
                     sw.skip_until(t + restart.restart_s)
-                elif policy.failover_s > 0 and any(sw.outages[k].factor == 0 for k in started):
-                    stalls += 1
-                    extra[idx] += policy.failover_s
+                else:
+                    stall = max((stall_seconds(policy, sw.outages[k].silent) for k in started
+                                 if sw.outages[k].factor == 0), default=0.0)
+                    if stall > 0:
+                        stalls += 1
+                        extra[idx] += stall
             nxt = min(sw.next_time(), seconds)
             state = sw.state()
             if state and nxt > t:

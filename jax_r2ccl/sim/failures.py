@@ -1,6 +1,7 @@
 """NIC failure traces for the simulator: generated (independent Poisson processes per NIC,
-seeded) or read from a JSON file. A failure is a NIC going down, degrading to a fraction of its
-rate, or flapping (down for half of every `period`) for a while; several may overlap, on one NIC
+seeded) or read from a JSON file. A failure is a NIC going down, black-holing (link up, nothing
+gets through: only a timeout notices), degrading to a fraction of its rate, or flapping (down
+for half of every `period`) for a while; several may overlap, on one NIC
 or many. `expand` turns a trace into plain down/degrade intervals the way a policy sees them
 (a flap is one outage, longer by the hold-down where the policy has one)."""
 
@@ -13,7 +14,7 @@ import numpy as np
 
 from .cluster import Cluster
 
-KINDS = ("down", "degrade", "flap")
+KINDS = ("down", "degrade", "flap", "blackhole")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -21,7 +22,8 @@ class Failure:
     t: float              # seconds from the start
     server: int
     nic: int
-    kind: str = "down"    # "down", "degrade" (keeps `factor` of its rate) or "flap"
+    kind: str = "down"    # "down" (the kernel reports it), "blackhole" (drops everything, link
+                          # up: no event), "degrade" (keeps `factor` of its rate), or "flap"
     duration: float = 600.0
     factor: float = 0.0
     period: float = 0.1   # flap: down for period/2, up for period/2, through `duration`
@@ -37,14 +39,18 @@ class Failure:
 
 def poisson(cluster: Cluster, per_nic_per_hour: float, seconds: float, seed: int = 0,
             mean_repair_s: float = 600.0, degrade_fraction: float = 0.0, degrade_factor: float = 0.1,
-            flap_fraction: float = 0.0, flap_period_s: float = 0.1) -> list[Failure]:
+            flap_fraction: float = 0.0, flap_period_s: float = 0.1,
+            blackhole_fraction: float = 0.0) -> list[Failure]:
     """Failures of every NIC as independent Poisson processes of `per_nic_per_hour`; each lasts
     an exponential time of mean `mean_repair_s`; fractions of them are degradations (to
-    `degrade_factor` of the rate) and flaps (of period `flap_period_s`), the rest go down."""
+    `degrade_factor` of the rate), flaps (of period `flap_period_s`) and black holes, the rest
+    go down."""
     if per_nic_per_hour < 0 or seconds <= 0 or mean_repair_s <= 0:
         raise ValueError("the rate must be >= 0, the horizon and the repair time > 0")
-    if not (0 <= degrade_fraction and 0 <= flap_fraction and degrade_fraction + flap_fraction <= 1):
-        raise ValueError("degrade and flap fractions must be >= 0 and add up to at most 1")
+    fractions = (degrade_fraction, flap_fraction, blackhole_fraction)
+    if not (min(fractions) >= 0 and sum(fractions) <= 1):
+        raise ValueError("degrade, flap and black-hole fractions must be >= 0 and add up to at most 1")
+    edges = np.cumsum(fractions)
     rng = np.random.default_rng(seed)
     nics = cluster.servers * cluster.nics_per_server
     n = rng.poisson(per_nic_per_hour * nics * seconds / 3600.0)
@@ -54,7 +60,7 @@ def poisson(cluster: Cluster, per_nic_per_hour: float, seconds: float, seed: int
     u = rng.uniform(0, 1, n)
     out = []
     for i in range(n):
-        kind = "degrade" if u[i] < degrade_fraction else "flap" if u[i] < degrade_fraction + flap_fraction else "down"
+        kind = ("degrade", "flap", "blackhole", "down")[int(np.searchsorted(edges, u[i], side="right"))]
         out.append(Failure(float(t[i]), int(which[i] // cluster.nics_per_server),
                            int(which[i] % cluster.nics_per_server), kind, float(dur[i]),
                            degrade_factor if kind == "degrade" else 0.0, flap_period_s))
@@ -133,6 +139,7 @@ class Outage:
     nic: int
     factor: float
     source: int        # index of the Failure it came from
+    silent: bool = False   # a black hole: no link event, only a timeout notices
 
 
 def expand(failures: list[Failure], seconds: float, holddown_s: float | None = None) -> list[Outage]:
@@ -147,7 +154,7 @@ def expand(failures: list[Failure], seconds: float, holddown_s: float | None = N
         if f.t >= seconds:
             continue
         if f.kind != "flap":
-            out.append(Outage(f.t, f.t + f.duration, f.server, f.nic, f.factor, k))
+            out.append(Outage(f.t, f.t + f.duration, f.server, f.nic, f.factor, k, f.kind == "blackhole"))
         else:
             tail = 0.0
             if holddown_s is not None:

@@ -38,7 +38,8 @@ class Policy:
     name: str
     view: str                 # how a server's NIC factors become its capacity, see capacity()
     plan: str = "balance"     # all-reduce plan (the planner's names) while degraded
-    failover_s: float = 0.0   # time without progress when an outage starts that it survives
+    failover_s: float = 0.0   # time without progress when a NIC it survives goes down
+    blackhole_s: float | None = None   # the same for a black hole (no link event); None: failover_s
     holddown_s: float | None = None   # flap hold-down (jax_r2ccl's monitor); None: none
     drops_ranks: bool = False  # adapcc: a failed NIC's GPUs leave the data-parallel group
     serving_only: bool = False
@@ -58,8 +59,9 @@ POLICIES = {
                             doc="R2CCL Balance: even stripes over the survivors"),
     "r2ccl-r2cc": Policy("r2ccl-r2cc", "even", "r2cc", failover_s=0.05,
                          doc="R2CCL R2CC-AllReduce over the survivors"),
-    "jax_r2ccl": Policy("jax_r2ccl", "weighted", "auto", failover_s=0.005, holddown_s=0.1,
-                        doc="jax_r2ccl: link events, weighted stripes, hold-down, planner"),
+    "jax_r2ccl": Policy("jax_r2ccl", "weighted", "auto", failover_s=0.005, holddown_s=0.1, blackhole_s=0.25,
+                        doc="jax_r2ccl: link events (5 ms), black holes on the stall timer (R2CCL_STALL_MS 250), "
+                            "weighted stripes, hold-down, planner"),
     "dejavu": Policy("dejavu", "crash", serving_only=True, kv_restore=True,
                      doc="DejaVu-like serving: restart the instance, restore the replicated KV cache"),
 }
@@ -108,3 +110,8 @@ def alive_gpus(factors: tuple[float, ...], gpus_per_server: int) -> int:
     GPU i uses NIC i mod NICs)."""
     n = len(factors)
     return sum(1 for g in range(gpus_per_server) if factors[g % n] > 0)
+
+
+def stall_seconds(policy: Policy, silent: bool) -> float:
+    """Time without progress when a NIC the policy survives goes down (silent: a black hole)."""
+    return policy.blackhole_s if silent and policy.blackhole_s is not None else policy.failover_s

@@ -38,6 +38,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
                         f"scaled as llama3:x100), a trace JSON file, or none")
     p.add_argument("--degrade-fraction", type=float, default=0.0, help="share of failures that slow a NIC to 1/10")
     p.add_argument("--flap-fraction", type=float, default=0.0, help="share of failures that flap (100 ms period)")
+    p.add_argument("--blackhole-fraction", type=float, default=0.0,
+                   help="share of failures that black-hole (link up, nothing gets through: no link event)")
     p.add_argument("--policies", default="all", help=f"comma-separated, or all: {', '.join(POLICIES)}")
     p.add_argument("--checkpoint-s", type=float, default=1800.0, help="checkpoint period (crash-restart)")
     p.add_argument("--restart-s", type=float, default=600.0, help="restart time after a crash")
@@ -95,7 +97,7 @@ def simulate(args: argparse.Namespace) -> tuple[dict, list[dict]]:
     else:
         seconds = args.steps * wl.step(cluster, {}, "balance")[0]
     failures = parse_failures(args.failures, cluster, seconds, args.seed, degrade_fraction=args.degrade_fraction,
-                              flap_fraction=args.flap_fraction)
+                              flap_fraction=args.flap_fraction, blackhole_fraction=args.blackhole_fraction)
     bar = Progress(len(names), sys.stderr.isatty() if args.progress is None else args.progress)
     rows = []
     for n in names:
