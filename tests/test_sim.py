@@ -160,6 +160,9 @@ def test_serving_engine():
     assert rs.dejavu_detect_s + rs.dejavu_restart_s <= dv < rs.dejavu_detect_s + rs.dejavu_restart_s + 1.0
     assert 0 < by["jax_r2ccl"]["overhead"] < by["r2ccl-balance"]["overhead"] < by["dejavu"]["overhead"] \
         < by["crash-restart"]["overhead"], by
+    for r in by.values():   # the latency overhead is the TTFT and decode overheads, weighted
+        lo, hi = sorted((r["ttft_overhead_active"], r["tpot_overhead_active"]))
+        assert 0 < lo <= r["overhead_active"] <= hi, r
 
 
 def test_the_papers_rows():

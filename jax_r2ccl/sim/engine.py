@@ -166,40 +166,51 @@ def run_serving(cluster: Cluster, wl: Serving, failures: list[Failure], seconds:
     for o in outages:
         by_inst.setdefault(o.server // pp, []).append(
             dataclasses.replace(o, server=o.server % pp))
-    total_l0 = total_extra = active_l0 = active_extra = 0.0
+    # sums over all requests and over the ones a failure met: [ttft, decode] fault-free and extra
+    tot = np.zeros((2, 2))
+    act = np.zeros((2, 2))
     n_req = hit = crashes = stalls = 0
     worst = 0.0
     lam = wl.arrival_rate(cluster)
-    mean_l0 = ttft_mean + wl.output_tokens * tpot0
+    lookback = 3600.0      # no request lasts longer (answers average output_tokens x tpot0)
     for i in range(inst):
         n = int(rng.poisson(lam * seconds))
         n_req += n
         if i not in by_inst:
-            total_l0 += n * mean_l0     # nothing happens to these: their expected latency
+            tot[0] += (n * ttft_mean, n * wl.output_tokens * tpot0)   # untouched: their expected latency
             continue
         arr = np.sort(rng.uniform(0, seconds, n))
         prompt = rng.uniform(0.5, 1.5, n) * wl.prompt_tokens
         out = rng.geometric(1.0 / wl.output_tokens, n).astype(float)
-        l0 = ttft_mean * prompt / wl.prompt_tokens + out * tpot0
-        extra = np.zeros(n)
+        f0 = ttft_mean * prompt / wl.prompt_tokens        # time to the first token
+        d0 = out * tpot0                                  # decoding
+        l0 = f0 + d0
+        xf, xd = np.zeros(n), np.zeros(n)
         touched = np.zeros(n, dtype=bool)
-        total_l0 += float(l0.sum())
+
+        def charge(idx, t, x):
+            """x seconds more for requests idx, held up at t: in prefill or in decoding."""
+            pre = t < arr[idx] + f0[idx]
+            xf[idx[pre]] += x if np.isscalar(x) else x[pre]
+            xd[idx[~pre]] += x if np.isscalar(x) else x[~pre]
+
         sw = Sweep(sorted(by_inst[i], key=lambda o: o.start), cluster.nics_per_server)
         t = 0.0
         started = sw.advance(0.0)
         while True:
             if started:
                 state = sw.state()
-                lo, hi = np.searchsorted(arr, t - 3600.0), np.searchsorted(arr, t, side="right")
+                lo, hi = np.searchsorted(arr, t - lookback), np.searchsorted(arr, t, side="right")
                 idx = lo + np.flatnonzero(t < arr[lo:hi] + l0[lo:hi])     # in flight at t
                 touched[idx] = True
                 if any(capacity(policy, f, fused_ports) is None for f in state.values()):
                     crashes += 1
                     if policy.kv_restore:
                         kv = float((wl.kv_bytes_per_token * (prompt[idx] + out[idx] / 2)).sum())
-                        extra[idx] += restart.dejavu_detect_s + restart.dejavu_restart_s + kv / pp / restart.dejavu_restore_Bps
+                        charge(idx, t, restart.dejavu_detect_s + restart.dejavu_restart_s
+                               + kv / pp / restart.dejavu_restore_Bps)
                     else:
-                        extra[idx] += restart.detect_s + (t - arr[idx])
+                        charge(idx, t, restart.detect_s + (t - arr[idx]))   # noticed, then run again
                     sw.drop_active()
                     sw.skip_until(t + restart.restart_s)
                 else:
@@ -207,30 +218,36 @@ def run_serving(cluster: Cluster, wl: Serving, failures: list[Failure], seconds:
                                  if sw.outages[k].factor == 0), default=0.0)
                     if stall > 0:
                         stalls += 1
-                        extra[idx] += stall
+                        charge(idx, t, stall)
             nxt = min(sw.next_time(), seconds)
             state = sw.state()
             if state and nxt > t:
                 caps = [capacity(policy, state.get(k, (1.0,) * cluster.nics_per_server), fused_ports)
                         for k in range(pp)]
                 if all(c is not None for c in caps):
-                    slow = wl.tpot(cluster, caps) / tpot0 - 1.0
-                    lo, hi = np.searchsorted(arr, t - 3600.0), np.searchsorted(arr, nxt)
-                    ov = np.clip(np.minimum(nxt, arr[lo:hi] + l0[lo:hi]) - np.maximum(t, arr[lo:hi]), 0, None)
-                    touched[lo:hi] |= ov > 0
-                    extra[lo:hi] += ov * slow
+                    slow_f = wl.ttft(cluster, caps) / ttft_mean - 1.0
+                    slow_d = wl.tpot(cluster, caps) / tpot0 - 1.0
+                    lo, hi = np.searchsorted(arr, t - lookback), np.searchsorted(arr, nxt)
+                    a0, a1, a2 = arr[lo:hi], arr[lo:hi] + f0[lo:hi], arr[lo:hi] + l0[lo:hi]
+                    ov_f = np.clip(np.minimum(nxt, a1) - np.maximum(t, a0), 0, None)
+                    ov_d = np.clip(np.minimum(nxt, a2) - np.maximum(t, a1), 0, None)
+                    touched[lo:hi] |= (ov_f + ov_d) > 0
+                    xf[lo:hi] += ov_f * slow_f
+                    xd[lo:hi] += ov_d * slow_d
             if nxt >= seconds:
                 break
             t = nxt
             started = sw.advance(t)
-        total_extra += float(extra.sum())
-        active_l0 += float(l0[touched].sum())
-        active_extra += float(extra[touched].sum())
+        tot[0] += (f0.sum(), d0.sum())
+        tot[1] += (xf.sum(), xd.sum())
+        act[0] += (f0[touched].sum(), d0[touched].sum())
+        act[1] += (xf[touched].sum(), xd[touched].sum())
         hit += int(touched.sum())
-        worst = max(worst, float(extra.max()) if n else 0.0)
+        worst = max(worst, float((xf + xd).max()) if n else 0.0)
+    ratio = lambda x, y: float(x / y) if y else 0.0
     return {"policy": policy.name, "workload": wl.name, "gpus": cluster.servers * cluster.gpus_per_server,
-            "overhead": total_extra / total_l0 if total_l0 else 0.0,
-            "overhead_active": active_extra / active_l0 if active_l0 else 0.0,
+            "overhead": ratio(tot[1].sum(), tot[0].sum()), "overhead_active": ratio(act[1].sum(), act[0].sum()),
+            "ttft_overhead_active": ratio(act[1, 0], act[0, 0]), "tpot_overhead_active": ratio(act[1, 1], act[0, 1]),
             "worst_extra_s": worst, "requests": n_req, "requests_hit": hit,
             "failures": sum(1 for f in failures if f.t < seconds), "crashes": crashes, "failovers": stalls,
-            "tpot_s": tpot0, "mean_latency_s": mean_l0}
+            "tpot_s": tpot0, "ttft_s": ttft_mean, "mean_latency_s": ttft_mean + wl.output_tokens * tpot0}

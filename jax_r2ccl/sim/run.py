@@ -127,10 +127,13 @@ def main(args: argparse.Namespace) -> int:
         r0 = rows[0] if rows else {}
         print(f"# {r0.get('requests', 0):,} requests, {r0.get('mean_latency_s', 0):.2f} s each on average "
               f"({1e3 * r0.get('tpot_s', 0):.2f} ms per output token)")
-        print(f"# latency overhead: mean over all requests; active: over the requests a failure met")
-        print(f"# {'policy':14} {'overhead':>9} {'active':>9} {'hit':>8} {'worst(s)':>9} {'crashes':>7}")
+        print(f"# latency overhead: mean over all requests; active: over the requests a failure met, and")
+        print(f"# their time to first token and time per output token")
+        print(f"# {'policy':14} {'overhead':>9} {'active':>9} {'TTFT':>9} {'TPOT':>9} {'hit':>8} {'worst(s)':>9} "
+              f"{'crashes':>7}")
         for r in rows:
-            print(f"  {r['policy']:14} {r['overhead']:9.4%} {r['overhead_active']:9.3%} {r['requests_hit']:8d} "
+            print(f"  {r['policy']:14} {r['overhead']:9.4%} {r['overhead_active']:9.3%} "
+                  f"{r['ttft_overhead_active']:9.3%} {r['tpot_overhead_active']:9.3%} {r['requests_hit']:8d} "
                   f"{r['worst_extra_s']:9.3f} {r['crashes']:7d}")
     else:
         print(f"# throughput overhead: over the horizon; active: while a failure is in force")
