@@ -200,6 +200,9 @@ def test_sim_command_line(tmp_path):
     assert all({"policy", "workload", "gpus", "overhead", "failures"} <= set(x) and x["gpus"] == 1024
                and x["workload"] == "gpt-13b-tp-pp" for x in res)
     assert png.stat().st_size > 1000
+    r = subprocess.run([sys.executable, "-m", "jax_r2ccl", "sim", "--list"], capture_output=True, text=True,
+                       timeout=120, cwd=tmp_path)
+    assert r.returncode == 0 and "llama-70b-serve" in r.stdout and "dejavu" in r.stdout, r.stdout + r.stderr
     trace = tmp_path / "trace.json"
     trace.write_text(json.dumps([{"t": 60, "server": 1, "nic": 3}, {"t": 90, "server": 2, "nic": 0, "kind": "flap",
                                                                      "duration": 20}]))

@@ -46,6 +46,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None, metavar="PATH")
     p.add_argument("--plot", default=None, metavar="PNG", help="bar chart of the overheads (matplotlib)")
+    p.add_argument("--list", action="store_true", help="print the workloads and policies with what each assumes")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="progress bar on stderr (default: when stderr is a terminal)")
 
@@ -113,6 +114,14 @@ def simulate(args: argparse.Namespace) -> tuple[dict, list[dict]]:
 
 def main(args: argparse.Namespace) -> int:
     t0 = time.monotonic()
+    if args.list:
+        print("# workloads")
+        for w in WORKLOADS.values():
+            print(f"  {w.name:16} {w.kind:9} {w.doc}")
+        print("# policies")
+        for p in POLICIES.values():
+            print(f"  {p.name:16} {'serving' if p.serving_only else 'all':9} {p.doc}")
+        return 0
     try:
         info, rows = simulate(args)
     except ValueError as e:
