@@ -71,7 +71,7 @@ def test_plans_at_1024_gpus_match_the_paper_model_and_the_planner_nearly_hides_t
 
 
 def test_policy_capacities():
-    from jax_r2ccl.sim.policies import POLICIES, alive_gpus, capacity
+    from jax_r2ccl.sim.policies import POLICIES, alive_gpus, capacity, job_capacities
     one_down = (1.0,) * 7 + (0.0,)
     slow = (1.0,) * 7 + (0.1,)
     cap = lambda name, f, fused=1: capacity(POLICIES[name], f, fused)
@@ -85,6 +85,12 @@ def test_policy_capacities():
     assert cap("jax_r2ccl", one_down) == 7.0 and abs(cap("jax_r2ccl", slow) - 7.1) < 1e-12
     assert cap("adapcc", one_down) == 7.0 and alive_gpus(one_down, 8) == 7
     assert all(cap(p, (0.0,) * 8) is None for p in POLICIES)        # no NIC left: nobody goes on
+    # NCCL's port failover survives one failed device per communicator, not two
+    nf = POLICIES["nccl-failover"]
+    assert job_capacities(nf, {3: one_down}, 8, fused_ports=2) == ({3: 4.0}, 0)
+    assert job_capacities(nf, {3: one_down, 9: one_down}, 8, fused_ports=2) is None
+    assert job_capacities(POLICIES["r2ccl-balance"], {3: one_down, 9: one_down}, 8) == ({3: 7.0, 9: 7.0}, 0)
+    assert job_capacities(POLICIES["adapcc"], {3: one_down, 9: one_down}, 8) == ({3: 7.0, 9: 7.0}, 2)
 
 
 def test_training_engine_against_hand_arithmetic():

@@ -11,7 +11,7 @@ import numpy as np
 
 from .cluster import Cluster
 from .failures import Failure, Outage, Sweep, check_in_cluster, expand
-from .policies import Policy, alive_gpus, capacity, stall_seconds
+from .policies import Policy, job_capacities, stall_seconds
 from .workloads import Serving, Training
 
 
@@ -21,10 +21,14 @@ class Restart:
     how often it saved progress; for serving, the time to notice a hung collective."""
     restart_s: float = 600.0
     checkpoint_s: float = 1800.0
-    detect_s: float = 30.0         # a hung NCCL collective found by a health check (not the 10 min watchdog)
-    dejavu_detect_s: float = 1.0   # DejaVu's heartbeat
+    detect_s: float = 30.0         # a hung NCCL collective: InfiniBand gives up after ~30 s with NCCL defaults
+    # DejaVu's code (msr-fiddle/dejavu): heartbeats every 1 s, a rank is dead after 3 missed;
+    # survivors abort NCCL, sleep(rank) (up to pp - 1 s), re-initialise NCCL, a warm standby
+    # copies its weights to the GPU and warms up: assumed 3 s in all, then the KV cache streams
+    # back from the neighbour's replica.
+    dejavu_detect_s: float = 3.0
     dejavu_restore_Bps: float = 25e9   # KV replica -> new worker (a 200 Gbit/s path)
-    dejavu_restart_s: float = 2.0      # a standby stage worker takes over (weights already resident)
+    dejavu_restart_s: float = 3.0
 
 
 def _state_key(state: dict) -> tuple:
@@ -35,14 +39,10 @@ def steady_overhead(cluster: Cluster, wl: Training | Serving, policy: Policy, st
                     fused_ports: int = 1) -> float | None:
     """Throughput lost (training) or time per output token added (serving) while the NICs in
     `state` (server -> factors) stay as they are; None: the job cannot run."""
-    caps, lost = {}, 0
-    for s, f in state.items():
-        c = capacity(policy, f, fused_ports)
-        if c is None:
-            return None
-        caps[s] = c
-        if policy.drops_ranks:
-            lost += cluster.gpus_per_server - alive_gpus(f, cluster.gpus_per_server)
+    got = job_capacities(policy, state, cluster.gpus_per_server, fused_ports)
+    if got is None:
+        return None
+    caps, lost = got
     if isinstance(wl, Serving):
         if lost:
             return None
@@ -74,18 +74,10 @@ def run_training(cluster: Cluster, wl: Training, failures: list[Failure], second
             return healthy_rate
         key = _state_key(state)
         if key not in cache:
-            caps, lost, r = {}, 0, None
-            for s, f in state.items():
-                c = capacity(policy, f, fused_ports)
-                if c is None:
-                    break
-                caps[s] = c
-                if policy.drops_ranks:
-                    lost += cluster.gpus_per_server - alive_gpus(f, cluster.gpus_per_server)
-            else:
-                if not (lost and not dp):
-                    step, frac = wl.step(cluster, caps, policy.plan, lost)
-                    r = frac / step
+            got, r = job_capacities(policy, state, cluster.gpus_per_server, fused_ports), None
+            if got is not None and not (got[1] and not dp):
+                step, frac = wl.step(cluster, got[0], policy.plan, got[1])
+                r = frac / step
             cache[key] = r
         return cache[key]
 
@@ -203,7 +195,7 @@ def run_serving(cluster: Cluster, wl: Serving, failures: list[Failure], seconds:
                 lo, hi = np.searchsorted(arr, t - lookback), np.searchsorted(arr, t, side="right")
                 idx = lo + np.flatnonzero(t < arr[lo:hi] + l0[lo:hi])     # in flight at t
                 touched[idx] = True
-                if any(capacity(policy, f, fused_ports) is None for f in state.values()):
+                if job_capacities(policy, state, cluster.gpus_per_server, fused_ports) is None:
                     crashes += 1
                     if policy.kv_restore:
                         kv = float((wl.kv_bytes_per_token * (prompt[idx] + out[idx] / 2)).sum())
@@ -222,9 +214,10 @@ def run_serving(cluster: Cluster, wl: Serving, failures: list[Failure], seconds:
             nxt = min(sw.next_time(), seconds)
             state = sw.state()
             if state and nxt > t:
-                caps = [capacity(policy, state.get(k, (1.0,) * cluster.nics_per_server), fused_ports)
-                        for k in range(pp)]
-                if all(c is not None for c in caps):
+                got = job_capacities(policy, state, cluster.gpus_per_server, fused_ports)
+                if got is not None:
+                    full = float(cluster.nics_per_server)
+                    caps = [got[0].get(k, full) for k in range(pp)]
                     slow_f = wl.ttft(cluster, caps) / ttft_mean - 1.0
                     slow_d = wl.tpot(cluster, caps) / tpot0 - 1.0
                     lo, hi = np.searchsorted(arr, t - lookback), np.searchsorted(arr, nxt)

@@ -44,15 +44,22 @@ class Policy:
     drops_ranks: bool = False  # adapcc: a failed NIC's GPUs leave the data-parallel group
     serving_only: bool = False
     kv_restore: bool = False   # dejavu: a dead instance's requests resume from replicated KV
+    max_failed_devices: int | None = None   # nccl-failover: one failed device per communicator
     doc: str = ""
 
 
 POLICIES = {
     "crash-restart": Policy("crash-restart", "crash", doc="NCCL default: abort, restart from checkpoint"),
-    "nccl-failover": Policy("nccl-failover", "fused", failover_s=1.0,
-                            doc="NCCL 2.29+ port failover, fused NICs only (assumed 1 s to fail over)"),
-    "adapcc": Policy("adapcc", "subset", failover_s=5.0, drops_ranks=True,
-                     doc="AdapCC-like subset: ranks behind a failed NIC leave; no P2P; 5 s to re-form (assumed)"),
+    # NCCL 2.29.7 NCCL_IB_RESILIENCY_PORT_FAILOVER: inside a fused (merged) NIC only, one failed
+    # device per communicator, after the IB transport gives up: NCCL_IB_TIMEOUT=20 (4.3 s) x
+    # NCCL_IB_RETRY_CNT=7 retries, about 30 s.
+    "nccl-failover": Policy("nccl-failover", "fused", failover_s=30.0, max_failed_devices=1,
+                            doc="NCCL 2.29.7+ port failover: fused NICs only, one failed device, ~30 s of IB retries"),
+    # AdapCC's code (JoeyYoung/adapcc): a worker that has not checked in for 10 s is left out of
+    # the step; each context rebuild ends in a 3 s sleep. Only all-reduce/reduce/broadcast.
+    "adapcc": Policy("adapcc", "subset", failover_s=13.0, drops_ranks=True,
+                     doc="AdapCC-like subset: ranks behind a failed NIC leave (10 s check-in timeout + 3 s "
+                         "rebuild); no P2P"),
     "hot-repair": Policy("hot-repair", "relay", failover_s=0.05,
                          doc="R2CCL migration only: one backup NIC carries the failed rail"),
     "r2ccl-balance": Policy("r2ccl-balance", "even", "balance", failover_s=0.05,
@@ -103,6 +110,26 @@ def capacity(policy: Policy, factors: tuple[float, ...], fused_ports: int = 1) -
             return None
         return float(n * groups.min() / k)
     raise ValueError(f"unknown policy view {v!r}")
+
+
+def job_capacities(policy: Policy, state: dict, gpus_per_server: int,
+                   fused_ports: int = 1) -> tuple[dict, int] | None:
+    """(server -> effective capacity, GPUs an adapcc-like subset dropped) for the servers in
+    `state` (server -> NIC factors), or None when the job cannot go on."""
+    caps, lost = {}, 0
+    for s, f in state.items():
+        c = capacity(policy, f, fused_ports)
+        if c is None:
+            return None
+        caps[s] = c
+        if policy.drops_ranks:
+            lost += gpus_per_server - alive_gpus(f, gpus_per_server)
+    if policy.max_failed_devices is not None:
+        k = max(1, int(fused_ports))
+        failed = sum(1 for f in state.values() for g in range(0, len(f), k) if min(f[g:g + k]) == 0)
+        if failed > policy.max_failed_devices:
+            return None
+    return caps, lost
 
 
 def alive_gpus(factors: tuple[float, ...], gpus_per_server: int) -> int:
