@@ -26,6 +26,26 @@ def test_the_model_predicts_the_test_bed_within_10_percent():
         assert abs(r["error"]) <= 0.10, r
 
 
+def test_the_engine_replays_the_test_beds_fault_runs_within_10_percent():
+    """The loops with a NIC failing (and healing), flapping 20 times, and failing under the
+    4-host planner: the simulator replays the same faults at the same moments under
+    jax_r2ccl's policy and predicts the loop's wall time."""
+    from jax_r2ccl.sim.calibrate import fault_trace, replay
+    rows = replay(sorted(glob.glob(os.path.join(DATA, "fault-*-2h.json"))), "500mbit", 150e-6)
+    rows += replay(sorted(glob.glob(os.path.join(DATA, "fault-*-4h.json"))), "100mbit", 150e-6)
+    assert len(rows) == 3, rows
+    for r in rows:
+        assert abs(r["error"]) <= 0.10, r
+        assert r["model_s"] > 1.05 * r["model_healthy_s"], r     # the fault costs something in the model
+        assert r["measured_s"] > 1.05 * r["model_healthy_s"], r  # and on the bed
+    tr = fault_trace("bash x/netns.sh fail 1 2; sleep 1.5; bash x/netns.sh heal 1 2", 0.3, 500e6)
+    assert [(f.t, f.server, f.nic, f.kind, round(f.duration, 9)) for f in tr] == [(0.3, 1, 2, "down", 1.5)]
+    tr = fault_trace("bash x/netns.sh flap 0 3 50 20; bash x/netns.sh degrade 1 0 50mbit", 1.0, 500e6)
+    assert [(f.kind, f.t, f.period, f.factor) for f in tr] == [("flap", 1.0, 0.1, 0.0), ("degrade", 3.0, 0.1, 0.1)]
+    with pytest.raises(ValueError):
+        fault_trace("rm -rf /", 0.0, 1.0)
+
+
 def test_the_simulator_costs_are_the_planners():
     from jax_r2ccl import _core
     from jax_r2ccl.sim import Cluster, allreduce_seconds, parse_rate
@@ -143,6 +163,14 @@ def test_flaps_and_slow_nics_are_where_the_monitor_counts():
           for n in ("crash-restart", "r2ccl-balance", "jax_r2ccl")}
     # a NIC at a tenth: even stripes (and NCCL's rails) are paced by it, weighted stripes are not
     assert by["jax_r2ccl"] < 0.01 * by["r2ccl-balance"] and by["r2ccl-balance"] == by["crash-restart"] > 0.1
+    # until the monitor re-weighs (0.6 s), the slow NIC keeps an even share
+    from jax_r2ccl.sim.engine import steady_overhead
+    state = {2: (0.1,) + (1.0,) * 7}
+    lw = steady_overhead(c, wl, POLICIES["jax_r2ccl"], state)
+    le = steady_overhead(c, wl, POLICIES["r2ccl-balance"], state)
+    x = 0.6 * (1 - (1 - le) / (1 - lw))          # seconds of weighted-rate work the even share costs
+    want = (1000.0 * lw + x * (1 - lw)) / 3600.0
+    assert abs(by["jax_r2ccl"] - want) < 1e-9, (by["jax_r2ccl"], want)
 
 
 def test_serving_engine():

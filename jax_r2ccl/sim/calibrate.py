@@ -11,8 +11,9 @@ import argparse
 import json
 import sys
 
-from .cluster import Cluster
+from .cluster import Cluster, parse_rate
 from .costs import allreduce_seconds, busbw_GBps
+from .failures import Failure
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
@@ -48,8 +49,8 @@ def calibrate(paths: list[str], rate: str, alpha_s: float) -> list[dict]:
         with open(path) as f:
             bench = json.load(f)
         cfg = bench["config"]
-        if cfg.get("bench", "allreduce") != "allreduce":
-            continue
+        if cfg.get("bench", "allreduce") != "allreduce" or cfg.get("fault_cmd"):
+            continue     # fault runs: see replay()
         world = int(cfg["num_processes"])
         nics = len([n for n in str(cfg.get("nics") or "").split(",") if n.strip()])
         cluster = Cluster.testbed(world, nics, rate, alpha_s=alpha_s)
@@ -66,21 +67,108 @@ def calibrate(paths: list[str], rate: str, alpha_s: float) -> list[dict]:
     return rows
 
 
+def fault_trace(cmd: str, at: float, base_rate: float) -> list[Failure]:
+    """The failures a bench run's --fault-cmd injected, `at` seconds into its loop: netns.sh
+    fail/heal/blackhole/degrade/flap commands and sleeps, one after another."""
+    import shlex
+    t, out, open_ = at, [], {}
+    for part in cmd.split(";"):
+        words = shlex.split(part)
+        if not words:
+            continue
+        if words[0] == "sleep":
+            t += float(words[1])
+            continue
+        if "netns.sh" not in " ".join(words[:2]):
+            raise ValueError(f"fault command not understood: {part.strip()!r}")
+        verb, rest = words[words.index(next(w for w in words if w.endswith("netns.sh"))) + 1], None
+        rest = words[words.index(verb) + 1:]
+        host, nic = int(rest[0]), int(rest[1])
+        key = (host, nic)
+        if verb in ("fail", "blackhole") or (verb == "degrade" and rest[2] != "base"):
+            factor = 0.0 if verb != "degrade" else parse_rate(rest[2]) / base_rate
+            open_[key] = (t, "down" if verb == "fail" else verb, factor)
+        elif verb in ("heal",) or verb == "degrade":
+            if key in open_:
+                t0, kind, factor = open_.pop(key)
+                out.append(Failure(t0, host, nic, kind, max(t - t0, 1e-3), factor))
+        elif verb == "flap":
+            down_s, count = int(rest[2]) / 1000, int(rest[3])
+            out.append(Failure(t, host, nic, "flap", 2 * down_s * count, 0.0, 2 * down_s))
+            t += 2 * down_s * count
+        else:
+            raise ValueError(f"fault command not understood: {part.strip()!r}")
+    for key, (t0, kind, factor) in open_.items():
+        out.append(Failure(t0, key[0], key[1], kind, 1e6, factor))
+    return sorted(out, key=lambda f: f.t)
+
+
+def replay(paths: list[str], rate: str, alpha_s: float) -> list[dict]:
+    """The fault runs (bench JSON with a --fault-cmd): the loop's measured wall time against the
+    simulator's, which replays the same faults at the same moments under jax_r2ccl's policy."""
+    from .engine import time_to_finish
+    from .policies import POLICIES
+    from .workloads import CollectiveLoop
+    rows = []
+    for path in paths:
+        with open(path) as f:
+            bench = json.load(f)
+        cfg = bench["config"]
+        if not cfg.get("fault_cmd") or cfg.get("fault_at") is None or cfg.get("bench", "allreduce") != "allreduce":
+            continue
+        its = [i for i in bench.get("iterations", []) if i["impl"] == "r2ccl" and i.get("op", "allreduce") == "allreduce"]
+        if not its:
+            continue
+        size = max(i["size_bytes"] for i in its)
+        loop = [i for i in its if i["size_bytes"] == size]
+        measured = loop[-1]["t_end"] - loop[0]["t_start"]
+        world = int(cfg["num_processes"])
+        nics = len([n for n in str(cfg.get("nics") or "").split(",") if n.strip()])
+        cluster = Cluster.testbed(world, nics, rate, alpha_s=alpha_s)
+        trace = fault_trace(cfg["fault_cmd"], float(cfg["fault_at"]), cluster.nic_bps)
+        policy = POLICIES["jax_r2ccl"]
+        plan = cfg.get("plan") or "balance"
+        import dataclasses
+        policy = dataclasses.replace(policy, plan=plan)
+        wl = CollectiveLoop(float(size))
+        model = time_to_finish(cluster, wl, trace, len(loop), policy)
+        healthy = len(loop) * wl.step(cluster, {}, plan)[0]
+        rows.append({"file": path, "hosts": world, "size": size, "iters": len(loop),
+                     "fault": cfg["fault_cmd"].split("netns.sh", 1)[-1].strip(), "measured_s": measured,
+                     "model_s": model, "model_healthy_s": healthy, "error": (model - measured) / measured})
+    return rows
+
+
 def main(args: argparse.Namespace) -> int:
     rows = calibrate(args.bench_json, args.rate, args.alpha_us * 1e-6)
-    if not rows:
+    faults = replay(args.bench_json, args.rate, args.alpha_us * 1e-6)
+    if not rows and not faults:
         print("sim calibrate: no all-reduce rows of 1 MiB or more in the given files", file=sys.stderr)
         return 2
-    print(f"# sim calibrate: the test bed at {args.rate} per NIC; busbw in GB/s; error = model vs measured")
-    print(f"# {'file':44} {'hosts':>5} {'size':>6} {'plan':8} {'capacity':12} {'measured':>9} {'model':>9} {'error':>7}")
-    for r in rows:
-        cap = "/".join(f"{c:.2g}" for c in r["capacities"])
-        name = r["file"] if len(r["file"]) <= 44 else "…" + r["file"][-43:]
-        print(f"  {name:44} {r['hosts']:>5} {r['size']:>6} {r['plan']:8} {cap:12} {r['measured_busbw_GBps']:9.4f} "
-              f"{r['model_busbw_GBps']:9.4f} {r['error']:+7.1%}")
-    worst = max(abs(r["error"]) for r in rows)
+    worst = 0.0
+    if rows:
+        print(f"# sim calibrate: the test bed at {args.rate} per NIC; busbw in GB/s; error = model vs measured")
+        print(f"# {'file':44} {'hosts':>5} {'size':>6} {'plan':8} {'capacity':12} {'measured':>9} {'model':>9} "
+              f"{'error':>7}")
+        for r in rows:
+            cap = "/".join(f"{c:.2g}" for c in r["capacities"])
+            print(f"  {_short(r['file']):44} {r['hosts']:>5} {r['size']:>6} {r['plan']:8} {cap:12} "
+                  f"{r['measured_busbw_GBps']:9.4f} {r['model_busbw_GBps']:9.4f} {r['error']:+7.1%}")
+        worst = max(abs(r["error"]) for r in rows)
+    if faults:
+        print(f"# fault runs replayed (jax_r2ccl's policy, the same faults at the same moments): the loop's wall "
+              f"time in s")
+        print(f"# {'file':44} {'fault':28} {'iters':>5} {'measured':>9} {'model':>9} {'error':>7} {'no-fault model':>14}")
+        for r in faults:
+            print(f"  {_short(r['file']):44} {r['fault'][:28]:28} {r['iters']:5d} {r['measured_s']:9.3f} "
+                  f"{r['model_s']:9.3f} {r['error']:+7.1%} {r['model_healthy_s']:14.3f}")
+        worst = max([worst] + [abs(r["error"]) for r in faults])
     print(f"# worst error {worst:.1%} (limit {args.max_error:.0%})")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"rate": args.rate, "rows": rows}, f, indent=1)
+            json.dump({"rate": args.rate, "rows": rows, "fault_runs": faults}, f, indent=1)
     return 0 if worst <= args.max_error else 1
+
+
+def _short(name: str) -> str:
+    return name if len(name) <= 44 else "…" + name[-43:]

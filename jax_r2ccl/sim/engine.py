@@ -12,7 +12,7 @@ import numpy as np
 from .cluster import Cluster
 from .failures import Failure, Outage, Sweep, check_in_cluster, expand
 from .policies import Policy, job_capacities, stall_seconds
-from .workloads import Serving, Training
+from .workloads import CollectiveLoop, Serving, Training
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,7 +57,7 @@ def steady_overhead(cluster: Cluster, wl: Training | Serving, policy: Policy, st
     return 1.0 - frac * h / d
 
 
-def run_training(cluster: Cluster, wl: Training, failures: list[Failure], seconds: float, policy: Policy,
+def run_training(cluster: Cluster, wl: Training | CollectiveLoop, failures: list[Failure], seconds: float, policy: Policy,
                  restart: Restart, fused_ports: int = 1) -> dict:
     """Work done in `seconds` under `policy`, against the same job without failures."""
     check_in_cluster(cluster, failures)
@@ -69,16 +69,19 @@ def run_training(cluster: Cluster, wl: Training, failures: list[Failure], second
     cache: dict[tuple, float | None] = {}
     dp = wl.tp == 1 and wl.pp == 1
 
+    def rate_as(pol: Policy, state) -> float | None:
+        got = job_capacities(pol, state, cluster.gpus_per_server, fused_ports)
+        if got is None or (got[1] and not dp):
+            return None
+        step, frac = wl.step(cluster, got[0], pol.plan, got[1])
+        return frac / step
+
     def rate(state) -> float | None:
         if not state:
             return healthy_rate
         key = _state_key(state)
         if key not in cache:
-            got, r = job_capacities(policy, state, cluster.gpus_per_server, fused_ports), None
-            if got is not None and not (got[1] and not dp):
-                step, frac = wl.step(cluster, got[0], policy.plan, got[1])
-                r = frac / step
-            cache[key] = r
+            cache[key] = rate_as(policy, state)
         return cache[key]
 
     t = progress = saved = epoch = down_until = 0.0
@@ -103,6 +106,13 @@ def run_training(cluster: Cluster, wl: Training, failures: list[Failure], second
             if stall > 0:
                 stalls += 1
                 down_until = max(down_until, t + stall)
+            elif policy.reweigh_s > 0 and any(0 < sw.outages[k].factor for k in started):
+                # until the monitor re-weighs, the slow NIC keeps an even share and the plan its
+                # healthy shares: count the work that costs as time without progress
+                even = rate_as(dataclasses.replace(policy, view="even", plan="balance"), sw.state())
+                now = rate(sw.state())
+                if even is not None and now:
+                    down_until = max(down_until, t) + policy.reweigh_s * max(0.0, 1.0 - even / now)
 
     started = sw.advance(0.0)
     if started:
@@ -244,3 +254,21 @@ def run_serving(cluster: Cluster, wl: Serving, failures: list[Failure], seconds:
             "worst_extra_s": worst, "requests": n_req, "requests_hit": hit,
             "failures": sum(1 for f in failures if f.t < seconds), "crashes": crashes, "failovers": stalls,
             "tpot_s": tpot0, "ttft_s": ttft_mean, "mean_latency_s": ttft_mean + wl.output_tokens * tpot0}
+
+
+def time_to_finish(cluster: Cluster, wl: Training | CollectiveLoop, failures: list[Failure], steps: float,
+                   policy: Policy, restart: Restart | None = None, fused_ports: int = 1) -> float:
+    """Seconds the job needs for `steps` steps through the trace (bisection on the horizon)."""
+    restart = restart or Restart()
+    lo, hi = 0.0, steps * wl.step(cluster, {}, policy.plan)[0]
+    while run_training(cluster, wl, failures, hi, policy, restart, fused_ports)["steps"] < steps:
+        lo, hi = hi, hi * 2
+        if hi > 1e9:
+            raise ValueError("the job never finishes under this trace and policy")
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        if run_training(cluster, wl, failures, mid, policy, restart, fused_ports)["steps"] >= steps:
+            hi = mid
+        else:
+            lo = mid
+    return hi

@@ -45,6 +45,7 @@ class Policy:
     serving_only: bool = False
     kv_restore: bool = False   # dejavu: a dead instance's requests resume from replicated KV
     max_failed_devices: int | None = None   # nccl-failover: one failed device per communicator
+    reweigh_s: float = 0.0    # weighted view: a slow NIC keeps its full share this long (the monitor's samples)
     doc: str = ""
 
 
@@ -66,7 +67,9 @@ POLICIES = {
                             doc="R2CCL Balance: even stripes over the survivors"),
     "r2ccl-r2cc": Policy("r2ccl-r2cc", "even", "r2cc", failover_s=0.05,
                          doc="R2CCL R2CC-AllReduce over the survivors"),
+    # the monitor acts on three agreeing bandwidth samples, each smoothed over ~200 ms (issue 4)
     "jax_r2ccl": Policy("jax_r2ccl", "weighted", "auto", failover_s=0.005, holddown_s=0.1, blackhole_s=0.25,
+                        reweigh_s=0.6,
                         doc="jax_r2ccl: link events (5 ms), black holes on the stall timer (R2CCL_STALL_MS 250), "
                             "weighted stripes, hold-down, planner"),
     "dejavu": Policy("dejavu", "crash", serving_only=True, kv_restore=True,

@@ -99,6 +99,26 @@ class Training:
 
 
 @dataclasses.dataclass(frozen=True)
+class CollectiveLoop:
+    """Back-to-back all-reduces of `nbytes` (the benchmark's loop): a step is one all-reduce."""
+    nbytes: float
+    name: str = "allreduce-loop"
+    tp: int = 1
+    pp: int = 1
+    doc: str = "bench allreduce: one all-reduce after another"
+
+    kind = "training"
+
+    def check(self, cluster: Cluster) -> None:
+        return None
+
+    def step(self, cluster: Cluster, caps: Mapping[int, float], plan: str, lost_gpus: int = 0) -> tuple[float, float]:
+        full = float(cluster.nics_per_server)
+        cl = [caps.get(s, full) for s in range(cluster.servers)]
+        return allreduce_seconds(cluster, self.nbytes, cl, plan)["seconds"], 1.0
+
+
+@dataclasses.dataclass(frozen=True)
 class Serving:
     name: str
     params: float
