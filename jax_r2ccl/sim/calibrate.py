@@ -8,7 +8,9 @@ counts w, as in the monitor)."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import shlex
 import sys
 
 from .cluster import Cluster, parse_rate
@@ -70,7 +72,6 @@ def calibrate(paths: list[str], rate: str, alpha_s: float) -> list[dict]:
 def fault_trace(cmd: str, at: float, base_rate: float) -> list[Failure]:
     """The failures a bench run's --fault-cmd injected, `at` seconds into its loop: netns.sh
     fail/heal/blackhole/degrade/flap commands and sleeps, one after another."""
-    import shlex
     t, out, open_ = at, [], {}
     for part in cmd.split(";"):
         words = shlex.split(part)
@@ -81,8 +82,8 @@ def fault_trace(cmd: str, at: float, base_rate: float) -> list[Failure]:
             continue
         if "netns.sh" not in " ".join(words[:2]):
             raise ValueError(f"fault command not understood: {part.strip()!r}")
-        verb, rest = words[words.index(next(w for w in words if w.endswith("netns.sh"))) + 1], None
-        rest = words[words.index(verb) + 1:]
+        at_script = next(i for i, w in enumerate(words) if w.endswith("netns.sh"))
+        verb, rest = words[at_script + 1], words[at_script + 2:]
         host, nic = int(rest[0]), int(rest[1])
         key = (host, nic)
         if verb in ("fail", "blackhole") or (verb == "degrade" and rest[2] != "base"):
@@ -128,7 +129,6 @@ def replay(paths: list[str], rate: str, alpha_s: float) -> list[dict]:
         trace = fault_trace(cfg["fault_cmd"], float(cfg["fault_at"]), cluster.nic_bps)
         policy = POLICIES["jax_r2ccl"]
         plan = cfg.get("plan") or "balance"
-        import dataclasses
         policy = dataclasses.replace(policy, plan=plan)
         wl = CollectiveLoop(float(size))
         model = time_to_finish(cluster, wl, trace, len(loop), policy)

@@ -31,6 +31,13 @@ class Restart:
     dejavu_restart_s: float = 3.0
 
 
+def _stall(policy: Policy, sw: Sweep, started: list[int]) -> float:
+    """Time without progress for the outages that just started: NICs that went down (a slow one
+    moves no traffic off); the slowest to be noticed counts."""
+    return max((stall_seconds(policy, sw.outages[k].silent) for k in started if sw.outages[k].factor == 0),
+               default=0.0)
+
+
 def _state_key(state: dict) -> tuple:
     return tuple(sorted(state.items()))
 
@@ -100,9 +107,7 @@ def run_training(cluster: Cluster, wl: Training | CollectiveLoop, failures: list
             sw.drop_active()
             sw.skip_until(down_until)
         else:
-            # a NIC that went down (a slow one moves no traffic off); the slowest to notice counts
-            stall = max((stall_seconds(policy, sw.outages[k].silent) for k in started
-                         if sw.outages[k].factor == 0), default=0.0)
+            stall = _stall(policy, sw, started)
             if stall > 0:
                 stalls += 1
                 down_until = max(down_until, t + stall)
@@ -216,8 +221,7 @@ def run_serving(cluster: Cluster, wl: Serving, failures: list[Failure], seconds:
                     sw.drop_active()
                     sw.skip_until(t + restart.restart_s)
                 else:
-                    stall = max((stall_seconds(policy, sw.outages[k].silent) for k in started
-                                 if sw.outages[k].factor == 0), default=0.0)
+                    stall = _stall(policy, sw, started)
                     if stall > 0:
                         stalls += 1
                         charge(idx, t, stall)
