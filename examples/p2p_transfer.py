@@ -14,7 +14,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from jax_r2ccl import bootstrap  # noqa: E402
+from jax_r2ccl.transport import bootstrap  # noqa: E402
 
 
 def main():

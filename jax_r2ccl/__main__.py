@@ -1,115 +1,51 @@
-"""Command line of jax_r2ccl: `python -m jax_r2ccl bench p2p|allreduce|...|timeline ...`
-(benchmarks, see jax_r2ccl/bench/), `python -m jax_r2ccl doctor` (what this host has) and
-`python -m jax_r2ccl demo ...` (jax_r2ccl.demo). Each subcommand
-imports its module only when it runs."""
+"""`python -m jax_r2ccl ...`: the same command line as the `jax-r2ccl` console script
+(jax_r2ccl.tools.cli). Run from inside a source checkout, `python -m` puts the checkout
+first on sys.path, so the source tree (which has no compiled _core) shadows the installed
+package; then this re-runs itself with PYTHONSAFEPATH=1 (the current directory left off
+sys.path) when an installed jax_r2ccl exists, and otherwise exits 2 with one line saying
+what to run instead. Never a traceback."""
 
-from __future__ import annotations
-
-import argparse
+import importlib.machinery
+import importlib.util
 import os
 import sys
 
-
-def _runs(module: str, jax_cpu: bool = False):
-    """The handler of a subcommand: imports jax_r2ccl.<module> only when it runs and calls its
-    main(args). jax_cpu: JAX_PLATFORMS=cpu before anything imports jax."""
-    def handler(args: argparse.Namespace) -> int:
-        if jax_cpu:
-            os.environ.setdefault("JAX_PLATFORMS", "cpu")
-        import importlib
-        return importlib.import_module(f"{__package__}.{module}").main(args)
-    return handler
+_PROG = "python -m jax_r2ccl"
 
 
-def _settings(args: argparse.Namespace) -> int:
-    from .config import settings_table
-    print(settings_table(), end="")
-    return 0
+def _shadowed_by_source_tree() -> str | None:
+    """The folder of the jax_r2ccl that was imported when it has no compiled core, else None."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    if importlib.util.find_spec("jax_r2ccl._core") is not None:
+        return None
+    return here
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m jax_r2ccl",
-                                     description="jax_r2ccl: fault-tolerant multi-NIC communication for JAX")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-
-    bench = sub.add_parser("bench", help="benchmarks (run one process per host)")
-    bench_sub = bench.add_subparsers(dest="bench", metavar="BENCH", required=True)
-    from .bench import p2p   # argument definitions only: imports numpy, not jax
-    p = bench_sub.add_parser("p2p", help="point-to-point bandwidth, rank 2k -> 2k+1, every byte checked",
-                             description=p2p.__doc__)
-    p2p.add_args(p)
-    p.set_defaults(handler=_runs("bench.p2p", jax_cpu=True))
-
-    from .bench import collective
-    for name in collective.OPS:
-        c = bench_sub.add_parser(name, help=f"{name} bandwidth through the JAX custom calls (nccl-tests table)",
-                                 description=collective.__doc__)
-        collective.add_args(c)
-        c.set_defaults(handler=_runs("bench.collective", jax_cpu=True))
-
-    from .bench import timeline
-    t = bench_sub.add_parser("timeline", help="per-rail throughput over time through a fault sequence (JSON + PNG)",
-                             description=timeline.__doc__)
-    timeline.add_args(t)
-    t.set_defaults(handler=_runs("bench.timeline", jax_cpu=True))
-
-    from . import doctor
-    d = sub.add_parser("doctor", help="NICs, GPUs, RDMA devices, topology and the configuration in force",
-                       description=doctor.__doc__)
-    doctor.add_args(d)
-    d.set_defaults(handler=_runs("doctor"))
-
-    sim = sub.add_parser("sim", help="the large-scale simulator: `sim [run] --gpus 1024 ...`, sim paper|plans|calibrate",
-                         description="The large-scale simulator (docs/sim.md). `sim --gpus 1024 ...` is `sim run`.")
-    sim_sub = sim.add_subparsers(dest="sim", metavar="SIM", required=True)
-    from .sim import calibrate
-    cal = sim_sub.add_parser("calibrate", help="the model of the test bed against measured bench JSON",
-                             description=calibrate.__doc__)
-    calibrate.add_args(cal)
-    cal.set_defaults(handler=_runs("sim.calibrate"))
-    from .sim import plans as sim_plans
-    sp = sim_sub.add_parser("plans", help="every all-reduce plan at scale, one server degraded",
-                            description=sim_plans.__doc__)
-    sim_plans.add_args(sp)
-    sp.set_defaults(handler=_runs("sim.plans"))
-    from .sim import run as sim_run
-    sr = sim_sub.add_parser("run", help="a training or serving job through a NIC failure trace, per policy (default)",
-                            description=sim_run.__doc__)
-    sim_run.add_args(sr)
-    sr.set_defaults(handler=_runs("sim.run"))
-    from .sim import paper as sim_paper
-    spp = sim_paper.add_args
-    pp = sim_sub.add_parser("paper", help="the R2CCL paper's evaluation, row by row, model beside paper",
-                            description=sim_paper.__doc__)
-    spp(pp)
-    pp.set_defaults(handler=_runs("sim.paper"))
-
-    sub.add_parser("demo", help="the fault-tolerance demo (arguments go to jax_r2ccl.demo)",
-                   add_help=False)
-    st = sub.add_parser("settings", help="print every R2CCL_* setting as a markdown table")
-    st.set_defaults(handler=_settings)
-    return parser
+def _installed_elsewhere(source_pkg: str) -> bool:
+    parent = os.path.dirname(source_pkg)
+    path = [p for p in sys.path if os.path.abspath(p or os.curdir) != parent]
+    spec = importlib.machinery.PathFinder.find_spec("jax_r2ccl", path)
+    if spec is None or not spec.submodule_search_locations:
+        return False
+    pkg = list(spec.submodule_search_locations)[0]
+    return importlib.machinery.PathFinder.find_spec("_core", [pkg]) is not None
 
 
-SIM_COMMANDS = ("run", "paper", "plans", "calibrate", "-h", "--help")
-
-
-def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] == "demo":
-        try:
-            import importlib
-            demo = importlib.import_module(f"{__package__}.demo")   # written separately; lazy
-        except ModuleNotFoundError as e:
-            if e.name != f"{__package__}.demo":
-                raise
-            print("python -m jax_r2ccl demo: this installation has no jax_r2ccl.demo", file=sys.stderr)
-            return 2
-        return int(demo.main(argv[1:]) or 0)
-    if argv and argv[0] == "sim" and (len(argv) == 1 or argv[1] not in SIM_COMMANDS):
-        argv.insert(1, "run")   # `sim --gpus 1024 ...` runs the simulation
-    args = build_parser().parse_args(argv)
-    return int(args.handler(args) or 0)
+def main() -> int:
+    src = _shadowed_by_source_tree()
+    if src is not None:
+        if _installed_elsewhere(src) and os.environ.get("PYTHONSAFEPATH") != "1":
+            env = dict(os.environ, PYTHONSAFEPATH="1")
+            os.execve(sys.executable, [sys.executable, "-m", "jax_r2ccl", *sys.argv[1:]], env)
+        checkout = os.path.isfile(os.path.join(os.path.dirname(src), "pyproject.toml"))
+        where = "the source tree" if checkout else "a copy"
+        print(f"{_PROG}: the jax_r2ccl found first on sys.path is {where} at {src}, which has no compiled "
+              f"_core{' (python -m puts the current folder first)' if checkout else ''}; install it "
+              "(pip install .) and run `jax-r2ccl " + " ".join(sys.argv[1:] or ["--help"]) + "`, or run from "
+              "outside the checkout", file=sys.stderr)
+        return 2
+    from jax_r2ccl.tools.cli import main as cli_main
+    return cli_main(sys.argv[1:], prog=_PROG)
 
 
 if __name__ == "__main__":

@@ -45,8 +45,8 @@ def _init():
 
 def runtime_timeout() -> float:
     """R2CCL_TIMEOUT of the one jax_r2ccl runtime this multi-host run shares between tests."""
-    from jax_r2ccl import runtime
-    return float(runtime._state["config"].timeout_s)
+    from jax_r2ccl._src import runtime
+    return float(runtime.current().config.timeout_s)
 
 
 def _next_prefix(kind: str) -> str:
@@ -81,7 +81,7 @@ def run_ranks(func: str, world: int, *, config: dict, args: dict, timeout: float
     prefix = _next_prefix("transport")
     mine = None
     if st["rank"] < world:
-        from jax_r2ccl import bootstrap
+        from jax_r2ccl.transport import bootstrap
         from jax_r2ccl.config import Config
         from jax_r2ccl.errors import R2cclError
         import workers

@@ -120,8 +120,8 @@ def main():
         jax.config.update("jax_enable_x64", True)
         jax.distributed.initialize(coordinator_address=f"127.0.0.1:{spec['port']}", num_processes=world,
                                    process_id=rank, initialization_timeout=60)
-        from jax._src import distributed
-        client = distributed.global_state.client
+        from jax_r2ccl._compat.jax_kv import distributed_client
+        client = distributed_client()
         import jax_r2ccl
         from jax_r2ccl.config import Config
         jax_r2ccl.initialize(nics=RAILS, config=Config.from_env(**spec["config"]))

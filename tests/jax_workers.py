@@ -212,8 +212,8 @@ def _random_floats(mesh, all_axes, size=4096):
 # ----------------------------------------------------------------------------- misc checks
 
 def _rail_tx_bytes():
-    from jax_r2ccl import runtime
-    ep = runtime._state["endpoint"]
+    from jax_r2ccl._src import runtime
+    ep = runtime.current().endpoint
     total = 0
     for peer in ep.peers:
         for s in ep.rail_stats(peer):
@@ -448,8 +448,8 @@ def misc(rank, world, local):
 
 
 def _barrier(name):
-    from jax._src import distributed
-    distributed.global_state.client.wait_at_barrier("r2ccl-test-" + name, 60_000)
+    from jax_r2ccl._compat.jax_kv import distributed_client
+    distributed_client().wait_at_barrier("r2ccl-test-" + name, 60_000)
 
 
 def mismatch(rank, world, local, sizes=(4, 6)):

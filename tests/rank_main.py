@@ -12,7 +12,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 def main():
     with open(sys.argv[1]) as f:
         spec = json.load(f)
-    from jax_r2ccl import bootstrap
+    from jax_r2ccl.transport import bootstrap
     from jax_r2ccl.config import Config
     from jax_r2ccl.errors import R2cclError
     import workers

@@ -3,6 +3,7 @@ leaves the loss curve bit-identical (the demo compares it with a fault-free run 
 non-zero otherwise); the transport demo delivers a transfer bit-exact through a rail loss."""
 
 import os
+import re
 import subprocess
 import sys
 
@@ -22,7 +23,12 @@ def test_training_demo_loss_curve_is_bit_identical_through_a_rail_failure():
     rc, text = _run(["--steps", "60", "--width", "256", "--rail-rate", "5"], 280)
     assert rc == 0, text[-4000:]
     assert "loss curves BIT-IDENTICAL over 60 steps" in text, text[-4000:]
-    assert "taken DOWN with the all-reduce in flight" in text, text[-4000:]
+    # the fault is measured, not asserted: bytes of that step's all-reduce were unacknowledged on
+    # the rail when it went down, and the other rails re-sent chunks for it
+    m = re.search(r"fault inside an all-reduce: YES \((\d+) bytes unacknowledged on rail 2 when it went down, "
+                  r"(\d+) chunks re-sent\)", text)
+    assert m and int(m.group(1)) > 0 and int(m.group(2)) > 0, text[-4000:]
+    assert "rail 2 failed and recovered: YES" in text, text[-4000:]
     assert "failed: closed by injected fault" in text, text[-4000:]
 
 

@@ -15,7 +15,7 @@ DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "sim")
 
 
 def test_the_model_predicts_the_test_bed_within_10_percent():
-    from jax_r2ccl.sim.calibrate import calibrate
+    from jax_r2ccl.tools.sim.calibrate import calibrate
     rows = calibrate(sorted(glob.glob(os.path.join(DATA, "*-2h.json"))), "500mbit", 150e-6)
     rows += calibrate(sorted(glob.glob(os.path.join(DATA, "*-4h.json"))), "100mbit", 150e-6)
     assert len(rows) == 10, rows   # 3 two-host files x 2 sizes, 4 four-host files x 64 MiB
@@ -30,7 +30,7 @@ def test_the_engine_replays_the_test_beds_fault_runs_within_10_percent():
     """The loops with a NIC failing (and healing), flapping 20 times, and failing under the
     4-host planner: the simulator replays the same faults at the same moments under
     jax_r2ccl's policy and predicts the loop's wall time."""
-    from jax_r2ccl.sim.calibrate import fault_trace, replay
+    from jax_r2ccl.tools.sim.calibrate import fault_trace, replay
     rows = replay(sorted(glob.glob(os.path.join(DATA, "fault-*-2h.json"))), "500mbit", 150e-6)
     rows += replay(sorted(glob.glob(os.path.join(DATA, "fault-*-4h.json"))), "100mbit", 150e-6)
     assert len(rows) == 3, rows
@@ -48,7 +48,7 @@ def test_the_engine_replays_the_test_beds_fault_runs_within_10_percent():
 
 def test_the_simulator_costs_are_the_planners():
     from jax_r2ccl import _core
-    from jax_r2ccl.sim import Cluster, allreduce_seconds, parse_rate
+    from jax_r2ccl.tools.sim import Cluster, allreduce_seconds, parse_rate
     assert parse_rate("500mbit") == 500e6 and parse_rate("12.5MB/s") == 100e6 and parse_rate("400gbit") == 400e9
     with pytest.raises(ValueError):
         parse_rate("fast")
@@ -78,8 +78,8 @@ def test_calibrate_command_line(tmp_path):
 
 
 def test_plans_at_1024_gpus_match_the_paper_model_and_the_planner_nearly_hides_the_loss():
-    from jax_r2ccl.sim import Cluster
-    from jax_r2ccl.sim.plans import table
+    from jax_r2ccl.tools.sim import Cluster
+    from jax_r2ccl.tools.sim.plans import table
     c = Cluster(servers=128)
     rows = {(r["x"], r["plan"]): r for r in table(c, float(1 << 30), [0.25, 0.5])}
     n = 128
@@ -91,7 +91,7 @@ def test_plans_at_1024_gpus_match_the_paper_model_and_the_planner_nearly_hides_t
 
 
 def test_policy_capacities():
-    from jax_r2ccl.sim.policies import POLICIES, alive_gpus, capacity, job_capacities
+    from jax_r2ccl.tools.sim.policies import POLICIES, alive_gpus, capacity, job_capacities
     one_down = (1.0,) * 7 + (0.0,)
     slow = (1.0,) * 7 + (0.1,)
     cap = lambda name, f, fused=1: capacity(POLICIES[name], f, fused)
@@ -114,11 +114,11 @@ def test_policy_capacities():
 
 
 def test_training_engine_against_hand_arithmetic():
-    from jax_r2ccl.sim import Cluster
-    from jax_r2ccl.sim.engine import Restart, run_training, steady_overhead
-    from jax_r2ccl.sim.failures import Failure
-    from jax_r2ccl.sim.policies import POLICIES
-    from jax_r2ccl.sim.workloads import WORKLOADS
+    from jax_r2ccl.tools.sim import Cluster
+    from jax_r2ccl.tools.sim.engine import Restart, run_training, steady_overhead
+    from jax_r2ccl.tools.sim.failures import Failure
+    from jax_r2ccl.tools.sim.policies import POLICIES
+    from jax_r2ccl.tools.sim.workloads import WORKLOADS
     c, wl = Cluster(servers=16), WORKLOADS["gpt-13b-dp"]
     for p in POLICIES.values():
         if not p.serving_only:
@@ -149,11 +149,11 @@ def test_training_engine_against_hand_arithmetic():
 
 
 def test_flaps_and_slow_nics_are_where_the_monitor_counts():
-    from jax_r2ccl.sim import Cluster
-    from jax_r2ccl.sim.engine import Restart, run_training
-    from jax_r2ccl.sim.failures import Failure, expand
-    from jax_r2ccl.sim.policies import POLICIES
-    from jax_r2ccl.sim.workloads import WORKLOADS
+    from jax_r2ccl.tools.sim import Cluster
+    from jax_r2ccl.tools.sim.engine import Restart, run_training
+    from jax_r2ccl.tools.sim.failures import Failure, expand
+    from jax_r2ccl.tools.sim.policies import POLICIES
+    from jax_r2ccl.tools.sim.workloads import WORKLOADS
     flap = Failure(10.0, 0, 1, "flap", 30.0, period=0.1)
     assert [(o.start, o.end) for o in expand([flap], 100.0)] == [(10.0, 40.0)]
     assert expand([flap], 100.0, holddown_s=0.1)[0].end == 40.0 + 1.6    # 16x the hold-down after many flaps
@@ -164,7 +164,7 @@ def test_flaps_and_slow_nics_are_where_the_monitor_counts():
     # a NIC at a tenth: even stripes (and NCCL's rails) are paced by it, weighted stripes are not
     assert by["jax_r2ccl"] < 0.01 * by["r2ccl-balance"] and by["r2ccl-balance"] == by["crash-restart"] > 0.1
     # until the monitor re-weighs (0.6 s), the slow NIC keeps an even share
-    from jax_r2ccl.sim.engine import steady_overhead
+    from jax_r2ccl.tools.sim.engine import steady_overhead
     state = {2: (0.1,) + (1.0,) * 7}
     lw = steady_overhead(c, wl, POLICIES["jax_r2ccl"], state)
     le = steady_overhead(c, wl, POLICIES["r2ccl-balance"], state)
@@ -174,11 +174,11 @@ def test_flaps_and_slow_nics_are_where_the_monitor_counts():
 
 
 def test_serving_engine():
-    from jax_r2ccl.sim import Cluster
-    from jax_r2ccl.sim.engine import Restart, run_serving
-    from jax_r2ccl.sim.failures import Failure
-    from jax_r2ccl.sim.policies import POLICIES
-    from jax_r2ccl.sim.workloads import WORKLOADS
+    from jax_r2ccl.tools.sim import Cluster
+    from jax_r2ccl.tools.sim.engine import Restart, run_serving
+    from jax_r2ccl.tools.sim.failures import Failure
+    from jax_r2ccl.tools.sim.policies import POLICIES
+    from jax_r2ccl.tools.sim.workloads import WORKLOADS
     c, wl = Cluster(servers=8), WORKLOADS["llama-70b-serve"]
     rs = Restart()
     for n in ("crash-restart", "dejavu", "jax_r2ccl"):
@@ -200,7 +200,7 @@ def test_serving_engine():
 
 
 def test_the_papers_rows():
-    from jax_r2ccl.sim import paper
+    from jax_r2ccl.tools.sim import paper
     rows = {(r["servers"], r["workload"], r["policy"]): r for r in paper.megatron(2) + paper.megatron(4)}
     dp = lambda p: rows[(2, "gpt-2.7b-dp", p)]
     # the workload's compute rate reproduces the figure's fault-free throughput
@@ -259,8 +259,8 @@ def test_sim_command_line(tmp_path):
 
 
 def test_textbook_collectives_agree_with_the_planner():
-    from jax_r2ccl.sim import Cluster
-    from jax_r2ccl.sim.costs import alltoall_seconds, exchange, p2p_seconds, ring_allreduce_seconds, \
+    from jax_r2ccl.tools.sim import Cluster
+    from jax_r2ccl.tools.sim.costs import alltoall_seconds, exchange, p2p_seconds, ring_allreduce_seconds, \
         tree_allreduce_seconds
     c = Cluster(servers=16)
     caps, D = [8.0] * 15 + [6.0], float(1 << 30)
@@ -278,11 +278,11 @@ def test_textbook_collectives_agree_with_the_planner():
 
 
 def test_a_black_hole_costs_the_stall_timer_where_a_link_event_costs_milliseconds():
-    from jax_r2ccl.sim import Cluster
-    from jax_r2ccl.sim.engine import Restart, run_training, steady_overhead
-    from jax_r2ccl.sim.failures import Failure, poisson
-    from jax_r2ccl.sim.policies import POLICIES
-    from jax_r2ccl.sim.workloads import WORKLOADS
+    from jax_r2ccl.tools.sim import Cluster
+    from jax_r2ccl.tools.sim.engine import Restart, run_training, steady_overhead
+    from jax_r2ccl.tools.sim.failures import Failure, poisson
+    from jax_r2ccl.tools.sim.policies import POLICIES
+    from jax_r2ccl.tools.sim.workloads import WORKLOADS
     c, wl, p = Cluster(servers=16), WORKLOADS["gpt-13b-dp"], POLICIES["jax_r2ccl"]
     loss = steady_overhead(c, wl, p, {3: (1.0,) * 5 + (0.0,) + (1.0,) * 2})
     for kind, stall in (("down", 0.005), ("blackhole", 0.25)):

@@ -397,7 +397,7 @@ def host_collective(ep, rank, world, cases, local=1, fault=None, rate=None):
     """Runs each case (kind, dtype, op, count, root) with `local` ranks per process; checks
     every output bit for bit against the canonical-order reference."""
     import ml_dtypes  # noqa: F401
-    from jax_r2ccl.host_collectives import HostCollectives
+    from jax_r2ccl.transport.host_collectives import HostCollectives
     hc = HostCollectives(ep)
     process_of_rank = [p for p in range(world) for _ in range(local)]
     my_ranks = [r for r, p in enumerate(process_of_rank) if p == rank]
@@ -432,7 +432,7 @@ def host_collective(ep, rank, world, cases, local=1, fault=None, rate=None):
 def host_mismatch(ep, rank, world, what):
     """Processes disagree about a collective: a clear error on every process, no hang, and
     the next collective works."""
-    from jax_r2ccl.host_collectives import HostCollectives
+    from jax_r2ccl.transport.host_collectives import HostCollectives
     hc = HostCollectives(ep)
     n, dt, op, plan = 1000, np.float32, "sum", ""
     if what == "plan":   # a large all-reduce: the planned path
@@ -458,7 +458,7 @@ def host_mismatch(ep, rank, world, what):
 
 def host_latency(ep, rank, world, n=2, iters=300):
     """Median time of a tiny all-reduce through the host-level API (no JAX)."""
-    from jax_r2ccl.host_collectives import HostCollectives
+    from jax_r2ccl.transport.host_collectives import HostCollectives
     hc = HostCollectives(ep)
     x = [np.ones(n, np.float32)]
     ts = []
@@ -478,7 +478,7 @@ def monitored_transfer(ep, rank, world, nbytes, iters, rate=None, steps=(), samp
     action "rate" (cap rail `arg[0]` at arg[1] bytes/s), "nic" (set_nic_state(arg[0], arg[1]))
     or "cmd" (a shell command: the test bed). Returns per-iteration times, #wrong, the
     monitor's events, a timeline of rail weights and bandwidths (rank 0), step times."""
-    from jax_r2ccl.monitor import HealthMonitor
+    from jax_r2ccl.transport.health import HealthMonitor
     peer = 1 - rank
     mon = HealthMonitor(ep)
     if rate and rank == 0:
@@ -544,8 +544,8 @@ def monitored_transfer(ep, rank, world, nbytes, iters, rate=None, steps=(), samp
 def metrics_scrape(ep, rank, world, nbytes=16 << 20):
     """A transfer with the monitor on, then rank 0 scrapes jax_r2ccl.metrics over loopback."""
     import urllib.request
-    from jax_r2ccl.monitor import HealthMonitor
-    from jax_r2ccl import metrics
+    from jax_r2ccl.transport.health import HealthMonitor
+    from jax_r2ccl.monitoring import metrics
     peer = 1 - rank
     mon = HealthMonitor(ep)
     ref = pattern(nbytes, 3)
@@ -588,7 +588,7 @@ def plans_bit_exact(ep, rank, world, capacities, cases, local=1):
     and the plan each call ran with recorded (a digest of each output too)."""
     import hashlib
     import ml_dtypes  # noqa: F401
-    from jax_r2ccl.host_collectives import HostCollectives
+    from jax_r2ccl.transport.host_collectives import HostCollectives
     hc = HostCollectives(ep)
     hc.set_capacity(capacities[rank])
     process_of_rank = [p for p in range(world) for _ in range(local)]
@@ -614,8 +614,8 @@ def replan_loop(ep, rank, world, count, iters, fault_cmd=None, fault_after_s=1.0
     """All-reduces in a loop with the health monitor feeding the planner (R2CCL_PLAN=auto);
     rank 0 runs fault_cmd mid-loop. Every output checked bit for bit; the plan of every
     call recorded."""
-    from jax_r2ccl.monitor import HealthMonitor
-    from jax_r2ccl.host_collectives import HostCollectives
+    from jax_r2ccl.transport.health import HealthMonitor
+    from jax_r2ccl.transport.host_collectives import HostCollectives
     mon = HealthMonitor(ep)
     hc = HostCollectives(ep)
     hc.set_capacity(mon)
@@ -647,7 +647,7 @@ def replan_loop(ep, rank, world, count, iters, fault_cmd=None, fault_after_s=1.0
 def host_kind_mismatch(ep, rank, world, n=99_999):
     """Large collectives of different kinds on different processes (all-reduce here,
     reduce-scatter there): the signature comparison names both, on every process."""
-    from jax_r2ccl.host_collectives import HostCollectives
+    from jax_r2ccl.transport.host_collectives import HostCollectives
     hc = HostCollectives(ep)
     kind = "all_reduce" if rank == 0 else "reduce_scatter"
     out = {}

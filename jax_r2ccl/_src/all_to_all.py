@@ -6,8 +6,9 @@ from __future__ import annotations
 from jax import tree_util
 
 from ..errors import R2cclError
-from . import jaxapi, lowering
-from .jaxapi import ad, batching, mlir
+from .._compat import jaxapi
+from . import lowering
+from .._compat.jaxapi import ad, batching, mlir
 from .reductions import _as_array, _no_groups
 
 r2ccl_all_to_all_p = jaxapi.Primitive("r2ccl_all_to_all")
@@ -70,8 +71,7 @@ def _batched(axis_data, vals_in, dims_in, *, split_axis, concat_axis, axis_name,
         d_pre_split = d
         x = jaxapi.splitaxis(axis, axis_size, x)
         d += (axis <= d)
-        from jax._src.util import moveaxis
-        return jaxapi.foldaxis(axis, moveaxis(x, (d, axis), (axis, d))), d_pre_split
+        return jaxapi.foldaxis(axis, jaxapi.moveaxes(x, (d, axis), (axis, d))), d_pre_split
     x_concat = jaxapi.foldaxis(concat_axis, jaxapi.moveaxis(d, concat_axis, x))
     return jaxapi.splitaxis(split_axis, axis_size, x_concat), split_axis
 

@@ -8,8 +8,9 @@ import numpy as np
 from jax import tree_util
 
 from ..errors import R2cclError
-from . import jaxapi, lowering
-from .jaxapi import ad, batching, mlir
+from .._compat import jaxapi
+from . import lowering
+from .._compat.jaxapi import ad, batching, mlir
 from .reductions import _as_array, _no_groups
 
 r2ccl_all_gather_p = jaxapi.Primitive("r2ccl_all_gather")

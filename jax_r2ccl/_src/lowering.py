@@ -51,10 +51,10 @@ import itertools
 
 import numpy as np
 
-from .. import runtime
+from . import runtime
 from ..errors import R2cclError
-from . import jaxapi
-from .jaxapi import hlo, ir, mlir
+from .._compat import jaxapi
+from .._compat.jaxapi import hlo, ir, mlir
 
 KIND = {"all_reduce": 0, "reduce_scatter": 1, "all_gather": 2, "all_to_all": 3, "broadcast": 4}
 REDUCE = {"sum": 0, "prod": 1, "min": 2, "max": 3}

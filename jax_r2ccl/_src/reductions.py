@@ -18,8 +18,9 @@ import numpy as np
 from jax import tree_util
 
 from ..errors import R2cclError
-from . import jaxapi, lowering
-from .jaxapi import ad, batching, mlir
+from .._compat import jaxapi
+from . import lowering
+from .._compat.jaxapi import ad, batching, mlir
 
 
 
@@ -148,8 +149,7 @@ def _named_axes(name, axis_name):
 
 
 def _is_tracer(x):
-    from jax.core import Tracer
-    return isinstance(x, Tracer)
+    return isinstance(x, jaxapi.Tracer)
 
 
 def psum(x, axis_name, *, axis_index_groups=None):

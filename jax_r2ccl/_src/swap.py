@@ -31,8 +31,9 @@ from __future__ import annotations
 import contextlib
 import threading
 
-from . import jaxapi, lowering
-from .jaxapi import mlir
+from .._compat import jaxapi
+from . import lowering
+from .._compat.jaxapi import mlir
 
 _lock = threading.Lock()
 _saved: dict = {}        # prim -> (previous cpu entry or None, was uncacheable)

@@ -11,9 +11,9 @@ from typing import Sequence
 
 import numpy as np
 
-from . import _core
-from .errors import R2cclError
-from .transport import Endpoint
+from .. import _core
+from ..errors import R2cclError
+from .endpoint import Endpoint
 
 KINDS = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast")
 OPS = ("sum", "prod", "min", "max")

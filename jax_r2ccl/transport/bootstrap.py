@@ -10,9 +10,9 @@ import os
 import time
 from typing import Protocol
 
-from .config import Config
-from .errors import R2cclError
-from .transport import Endpoint
+from ..config import Config
+from ..errors import R2cclError
+from .endpoint import Endpoint
 
 
 class KeyValueStore(Protocol):
@@ -91,6 +91,6 @@ def connect(store: KeyValueStore, rank: int, world: int, *, nics=None, config: C
 def connect_jax(*, nics=None, config: Config | None = None, prefix: str = "r2ccl",
                 timeout: float | None = None) -> Endpoint:
     """connect() through jax.distributed's key-value store (after jax.distributed.initialize())."""
-    from ._compat.jax_kv import JaxStore, process_index_and_count
+    from .._compat.jax_kv import JaxStore, process_index_and_count
     rank, world = process_index_and_count()
     return connect(JaxStore(), rank, world, nics=nics, config=config, prefix=prefix, timeout=timeout)

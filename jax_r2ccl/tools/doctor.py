@@ -12,7 +12,7 @@ import os
 import socket
 import sys
 
-from .config import SETTINGS, Config
+from ..config import SETTINGS, Config
 
 SYS_NET = "/sys/class/net"
 SYS_IB = "/sys/class/infiniband"

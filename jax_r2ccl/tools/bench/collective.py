@@ -88,12 +88,12 @@ def main(args: argparse.Namespace) -> int:
     import jax
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
     import jax_r2ccl
-    from .. import _core
+    from ... import _core
     nics = args.nics.split(",") if args.nics else None
     if args.plan:
         os.environ["R2CCL_PLAN"] = args.plan
     jax_r2ccl.initialize(nics=nics)
-    from .. import runtime
+    from ..._src import runtime
     dtype = np.dtype(args.dtype) if args.dtype != "bfloat16" else __import__("ml_dtypes").bfloat16
     devices = jax.devices()
     n = len(devices)
@@ -195,7 +195,7 @@ def main(args: argparse.Namespace) -> int:
         if args.json:
             stats = {}
             try:
-                ep = jax_r2ccl.runtime._state["endpoint"]
+                ep = runtime.current().endpoint
                 stats = {p: ep.rail_stats(p) for p in range(args.num_processes) if p != args.process_id}
             except Exception:  # noqa: BLE001
                 pass

@@ -9,9 +9,9 @@ from typing import Sequence
 
 import numpy as np
 
-from . import _core
-from .config import Config
-from .errors import R2cclError
+from .. import _core
+from ..config import Config
+from ..errors import R2cclError
 
 FAULTS = ("close", "stall", "rate", "heal")
 

@@ -55,9 +55,9 @@ def main(args: argparse.Namespace) -> int:
         return 2
     steps = _parse_steps(args.step)
     dist = Dist(args.coordinator, args.num_processes, args.process_id, args.timeout)
-    from ..bootstrap import connect_jax
-    from ..config import Config
-    from ..monitor import HealthMonitor
+    from ...transport.bootstrap import connect_jax
+    from ...config import Config
+    from ...transport.health import HealthMonitor
     cfg = Config.from_env()
     nics = [n.strip() for n in args.nics.split(",") if n.strip()] if args.nics else cfg.nic_list()
     ep = connect_jax(nics=nics, config=cfg, prefix="bench-timeline", timeout=args.timeout)

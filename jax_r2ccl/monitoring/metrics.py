@@ -1,4 +1,4 @@
-"""Prometheus metrics of the health monitor: `jax_r2ccl.metrics.serve(port)` serves
+"""Prometheus metrics of the health monitor: `jax_r2ccl.monitoring.metrics.serve(port)` serves
 jax_r2ccl.health() on http://ADDR:PORT/metrics (prometheus-client: pip install
 "jax_r2ccl[metrics]"). Every scrape reads a fresh snapshot; nothing is cached.
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from .errors import R2cclError
+from ..errors import R2cclError
 
 
 class HealthCollector:
@@ -26,8 +26,8 @@ class HealthCollector:
     def _mon(self):
         if self._monitor is not None:
             return self._monitor
-        from .monitor import _runtime_monitor
-        return _runtime_monitor()
+        from . import runtime_monitor
+        return runtime_monitor()
 
     def collect(self):
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily

@@ -148,7 +148,7 @@ class Dist:
                                    process_id=process_id,
                                    initialization_timeout=max(10, int(timeout)),
                                    shutdown_timeout_seconds=max(10, int(timeout)))
-        from .._compat.jax_kv import distributed_client
+        from ..._compat.jax_kv import distributed_client
         self._jax = jax
         self.client = distributed_client()
         self.rank, self.world = process_id, num_processes

@@ -39,12 +39,12 @@ Collectives the SPMD partitioner inserts on its own are never rerouted.
 How a collective is lowered (communicator, op id, data movement): jax_r2ccl._src.lowering.
 """
 
-from ._src import lowering as _lowering
-from ._src.all_to_all import all_to_all, r2ccl_all_to_all_p
-from ._src.gather_scatter import all_gather, psum_scatter, r2ccl_all_gather_p, r2ccl_reduce_scatter_p
-from ._src.reductions import (pmax, pmean, pmin, psum, r2ccl_pmax_p, r2ccl_pmin_p, r2ccl_psum_invariant_p,
+from . import lowering as _lowering
+from .all_to_all import all_to_all, r2ccl_all_to_all_p
+from .gather_scatter import all_gather, psum_scatter, r2ccl_all_gather_p, r2ccl_reduce_scatter_p
+from .reductions import (pmax, pmean, pmin, psum, r2ccl_pmax_p, r2ccl_pmin_p, r2ccl_psum_invariant_p,
                               r2ccl_psum_p)
-from ._src.swap import enabled, install, installed, uninstall
+from .swap import enabled, install, installed, uninstall
 
 SUPPORTED_DTYPES = _lowering.SUPPORTED_DTYPES
 _lowering.install_guards()

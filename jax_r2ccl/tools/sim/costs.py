@@ -43,7 +43,7 @@ def allreduce_seconds(cluster: Cluster, nbytes: float, capacities: Sequence[floa
 
 def exchange(caps: Sequence[float], nbytes: float, nic_Bps: float, alpha_s: float, plan: str) -> dict:
     """The planner's owner all-reduce of `nbytes` per server among len(caps) servers."""
-    from .. import _core
+    from ... import _core
     return _core.plan_predict(plan, [float(c) for c in caps], float(nbytes), nic_Bps, alpha_s)
 
 

@@ -197,8 +197,8 @@ class Runner:
     # ---- r2ccl over a set of NICs
 
     def run_r2ccl(self, impl: str, nics: list[str], arm_fault: bool) -> None:
-        from ..bootstrap import connect_jax
-        from ..config import Config
+        from ...transport.bootstrap import connect_jax
+        from ...config import Config
         a = self.args
         cfg = Config.from_env()
         ep = connect_jax(nics=nics, config=cfg, prefix=f"{a.prefix}/{impl}", timeout=a.timeout)
@@ -420,7 +420,7 @@ def main(args: argparse.Namespace) -> int:
         args.inject_rail = 0
     build = core_build()   # the library this process loaded (the build may change under us)
     dist = Dist(args.coordinator, args.num_processes, args.process_id, args.timeout)
-    from ..config import Config
+    from ...config import Config
     cfg = Config.from_env()
     nics = [n.strip() for n in args.nics.split(",") if n.strip()] if args.nics else cfg.nic_list()
     run = Runner(args, dist, nics)
@@ -466,7 +466,7 @@ def main(args: argparse.Namespace) -> int:
 def core_build() -> dict:
     """Which C++ core ran: its file, modification time and a digest (the tree may be dirty)."""
     import hashlib
-    from .. import _core
+    from ... import _core
     path = os.path.realpath(_core.__file__)
     h = hashlib.sha256()
     with open(path, "rb") as f:

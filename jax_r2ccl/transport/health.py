@@ -1,7 +1,7 @@
-"""The health monitor from Python: `jax_r2ccl.health()` (a snapshot of every NIC and rail),
-`jax_r2ccl.events()` / `jax_r2ccl.on_event(fn)` (link, failure, recovery and degradation
-events as they happen). The monitor itself is a C++ thread (csrc/monitor/) started by
-`jax_r2ccl.initialize()` unless R2CCL_MONITOR_MS=0. Importable without JAX."""
+"""The health monitor of one transport endpoint: a snapshot of every NIC and rail, and the
+link, failure, recovery and degradation events as they happen. The monitor itself is a C++
+thread (csrc/monitor/). Transport tier: importable without JAX; knows nothing of the runtime
+(jax_r2ccl.monitoring reaches the runtime's monitor)."""
 
 from __future__ import annotations
 
@@ -9,14 +9,13 @@ import threading
 import time
 from typing import Callable, Iterator
 
-from .errors import R2cclError
 
 
 class HealthMonitor:
     """The monitor of one transport Endpoint (jax_r2ccl.transport.Endpoint)."""
 
     def __init__(self, endpoint):
-        from . import _core
+        from .. import _core
         self.endpoint = endpoint
         self._mon = _core.Monitor(endpoint._ep, endpoint.config.to_core())
         self._closed = False
@@ -78,28 +77,3 @@ class Subscription:
     def cancel(self) -> None:
         self._stop.set()
         self._thread.join(timeout=2)
-
-
-def _runtime_monitor() -> HealthMonitor:
-    from . import runtime
-    mon = runtime._state.get("monitor")
-    if mon is None:
-        if not runtime.is_initialized():
-            raise R2cclError("jax_r2ccl.initialize() has not been called in this process")
-        raise R2cclError("the health monitor is off (R2CCL_MONITOR_MS=0)")
-    return mon
-
-
-def health() -> dict:
-    """A snapshot of this process's NICs and rails (see HealthMonitor.snapshot)."""
-    return _runtime_monitor().snapshot()
-
-
-def events(after: int = 0, timeout: float = 0.0) -> list[dict]:
-    """This process's health events with seq > after (see HealthMonitor.events)."""
-    return _runtime_monitor().events(after, timeout)
-
-
-def on_event(fn: Callable[[dict], None]) -> Subscription:
-    """Calls fn(event) for every health event of this process from now on."""
-    return _runtime_monitor().on_event(fn)

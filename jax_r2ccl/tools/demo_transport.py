@@ -1,4 +1,4 @@
-"""`python -m jax_r2ccl demo --transport`: the transport demo. Two local processes whose four rails are
+"""`jax-r2ccl demo --transport`: the transport demo. Two local processes whose four rails are
 loopback addresses; rank 0 streams a buffer to rank 1, one rail is taken down mid-transfer
 and healed later; per-rail progress is printed; the result is checked byte for byte.
 Exit status 0 only when every byte arrived intact."""
@@ -8,17 +8,17 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
-import subprocess
 import sys
 import tempfile
-import threading
 import time
+
+from .launch import cli_argv, launch
 
 NICS = "127.0.0.1,127.0.0.2,127.0.0.3,127.0.0.4"
 
 
 def _parse(argv):
-    p = argparse.ArgumentParser(prog="python -m jax_r2ccl demo --transport", description=__doc__)
+    p = argparse.ArgumentParser(prog="jax-r2ccl demo --transport", description=__doc__)
     p.add_argument("--mib", type=int, default=256, help="bytes to send, in MiB (default 256)")
     p.add_argument("--rail-rate", type=float, default=40.0,
                    help="software cap per rail in MB/s, so the transfer lasts long enough to watch "
@@ -40,9 +40,9 @@ def _pattern(nbytes: int):
 
 def _rank_main(a) -> int:
     import numpy as np
-    from . import bootstrap
-    from .config import Config
-    from .errors import R2cclError
+    from ..transport import bootstrap
+    from ..config import Config
+    from ..errors import R2cclError
 
     cfg = Config.from_env(nics=os.environ.get("R2CCL_NICS", NICS), timeout_s=20.0, bootstrap_timeout_s=60.0)
     ep = bootstrap.connect(bootstrap.FileStore(a.kv), a.rank, 2, config=cfg)
@@ -109,24 +109,6 @@ def _rank_main(a) -> int:
         ep.close()
 
 
-def launch(cmds, env, timeout_s: float):
-    """Starts one process per command and waits for all; on the deadline ends the ones still
-    running (ours, by PID) and returns None. Returns the exit codes otherwise."""
-    procs = [subprocess.Popen(c, env=env) for c in cmds]
-    deadline = time.monotonic() + timeout_s
-    codes = []
-    for p in procs:
-        try:
-            codes.append(p.wait(timeout=max(1.0, deadline - time.monotonic())))
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                if q.poll() is None:
-                    q.kill()
-            print(f"demo: timed out after {timeout_s:g} s", file=sys.stderr)
-            return None
-    return codes
-
-
 def main(argv=None) -> int:
     a = _parse(sys.argv[1:] if argv is None else argv)
     if a.rank is not None:
@@ -134,7 +116,7 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory(prefix="r2ccl-demo-") as kv:
         env = dict(os.environ)
         env.setdefault("JAX_PLATFORMS", "cpu")
-        base = [sys.executable, "-m", "jax_r2ccl", "demo", "--transport", "--kv", kv] + (argv if argv is not None else sys.argv[1:])
+        base = cli_argv("demo", "--transport", "--kv", kv, *(argv if argv is not None else sys.argv[1:]))
         codes = launch([base + ["--rank", str(r)] for r in range(2)], env, 300)
     if codes is None:
         return 1

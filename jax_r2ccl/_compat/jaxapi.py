@@ -1,5 +1,5 @@
-"""Every private JAX name jax_r2ccl's JAX integration uses, in one place (checked against
-jax/jaxlib 0.10.2). The collective primitives of jax.lax, their abstract evaluation and the
+"""Every private JAX name jax_r2ccl's JAX integration uses, in one place (with _compat/jax_kv.py
+for jax.distributed's key-value store; checked against jax/jaxlib 0.10.2). The collective primitives of jax.lax, their abstract evaluation and the
 MLIR lowering registry are not public API: when JAX moves, this file is the one to fix."""
 
 from __future__ import annotations
@@ -11,8 +11,10 @@ from jax._src.lax import parallel
 from jax._src.lib.mlir import ir
 from jax._src.lib.mlir.dialects import hlo
 from jax._src.sharding_impls import SPMDAxisContext
+from jax._src.util import moveaxis as moveaxes   # several axes at once (jax.numpy's, on raw arrays)
 
 ShapedArray = core.ShapedArray
+Tracer = core.Tracer
 Primitive = core.Primitive
 typeof = core.typeof
 pvary = core.pvary

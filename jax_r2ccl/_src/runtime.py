@@ -1,0 +1,143 @@
+"""The process's jax_r2ccl runtime: one `Runtime` object, reached through `current()`.
+`initialize()` opens the multi-rail endpoint (addresses and the job secret go through
+jax.distributed's key-value store), starts the collective executor and the health monitor,
+and registers the XLA FFI custom call; `shutdown()` undoes all of it, after which
+`initialize()` may run again. Communicators are registered here when a collective is
+lowered for a mesh. JAX tier: knows the transport tier below, nothing of the tools."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import threading
+from typing import Sequence
+
+from .. import _core
+from ..config import Config
+from ..errors import R2cclError
+from ..transport.endpoint import Endpoint
+from ..transport.health import HealthMonitor
+
+FFI_TARGET = "r2ccl_collective"
+
+
+@dataclasses.dataclass
+class Runtime:
+    """What one initialize() opened. `generation` numbers initialize/shutdown cycles, so a
+    later cycle's barrier and key names never collide with an earlier one's."""
+    endpoint: Endpoint
+    executor: object                 # _core.Collectives
+    monitor: HealthMonitor | None    # None when R2CCL_MONITOR_MS=0
+    rank: int
+    world: int
+    config: Config
+    generation: int
+
+    def last_plan(self) -> dict:
+        return self.executor.last_plan()
+
+    def close(self, timeout: float | None = None) -> None:
+        """Waits for dispatched computations and (several processes) for every process to
+        get here, then stops the monitor, the executor and the endpoint, in that order."""
+        import jax
+        try:
+            jax.effects_barrier()
+        except Exception:  # noqa: BLE001 - a failed collective was already reported to its caller
+            pass
+        if self.world > 1:
+            try:
+                from .._compat.jax_kv import distributed_client
+                wait_s = self.config.timeout_s if timeout is None else timeout
+                distributed_client().wait_at_barrier(f"r2ccl/runtime/shutdown/{self.generation}",
+                                                     int(wait_s * 1000))
+            except Exception:  # noqa: BLE001 - a peer that is gone must not hold this one
+                pass
+        _core.runtime_uninstall()
+        if self.monitor is not None:
+            self.executor.set_capacity_source(None)
+            self.monitor.close()
+        self.executor.close()
+        self.endpoint.close()
+
+
+_lock = threading.Lock()
+_current: Runtime | None = None
+_generation = 0
+_ffi_registered = False
+
+
+def current() -> Runtime:
+    """The runtime of this process; R2cclError when initialize() has not been called."""
+    rt = _current
+    if rt is None:
+        raise R2cclError("jax_r2ccl.initialize() has not been called in this process")
+    return rt
+
+
+def is_initialized() -> bool:
+    return _current is not None
+
+
+def initialize(*, nics: Sequence[str] | None = None, config: Config | None = None,
+               timeout: float | None = None) -> Endpoint:
+    """Call once per process after jax.distributed.initialize() (a single process needs no
+    jax.distributed). Idempotent while initialized; may be called again after shutdown().
+    Returns the transport Endpoint."""
+    global _current, _generation, _ffi_registered
+    import jax
+    from ..transport import bootstrap
+    from .._compat.jax_kv import process_index_and_count
+    with _lock:
+        if _current is not None:
+            return _current.endpoint
+        config = config or Config.from_env()
+        try:
+            rank, world = process_index_and_count()
+        except Exception:  # noqa: BLE001 - jax.distributed not initialized
+            rank, world = 0, 1
+        _generation += 1
+        if world > 1:
+            ep = bootstrap.connect_jax(nics=nics, config=config, prefix=f"r2ccl/runtime/{_generation}",
+                                       timeout=timeout)
+        else:
+            ep = Endpoint(0, 1, nics=nics or ["127.0.0.1"], secret=Endpoint.new_secret(), config=config)
+        ex = _core.Collectives(ep._ep, rank)
+        _core.runtime_install(ep._ep, ex, rank, float(config.timeout_s))
+        monitor = None
+        if config.monitor_ms > 0:
+            monitor = HealthMonitor(ep)
+            ex.set_capacity_source(monitor._mon)   # the all-reduce planner's input
+        if not _ffi_registered:   # XLA keeps a registration for the life of the process
+            for name, capsule in _core.ffi_targets().items():
+                jax.ffi.register_ffi_target(name, capsule, platform="cpu")
+            _ffi_registered = True
+        _current = Runtime(endpoint=ep, executor=ex, monitor=monitor, rank=rank, world=world, config=config,
+                           generation=_generation)
+        return ep
+
+
+def shutdown(timeout: float | None = None) -> None:
+    """Waits for this process's dispatched computations (jax.effects_barrier) and for every
+    process to get here, then stops the runtime. Idempotent."""
+    global _current
+    with _lock:
+        if _current is None:
+            return
+        rt, _current = _current, None
+        rt.close(timeout)
+
+
+def last_plan() -> dict:
+    """The plan (and every process's capacity) the last large all-reduce of this process ran
+    with: {"plan", "shares", "capacities", "processes", "bytes", "serial"}."""
+    return current().last_plan()
+
+
+def register_groups(groups: list[list[int]], name: str, key: str) -> int:
+    """Registers a communicator (groups[g][r] = process of rank r of group g) under an id
+    derived from `key` (identical on every process for the same mesh and axes)."""
+    if _current is None:
+        raise R2cclError("jax_r2ccl.initialize() must be called before a jax_r2ccl collective is compiled")
+    comm_id = int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little") & ((1 << 63) - 1)
+    _core.register_comm(comm_id, groups, name)
+    return comm_id

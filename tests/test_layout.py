@@ -1,0 +1,139 @@
+"""The Python package by tier: the folder tells what a module may import. Tiers, bottom up:
+core (errors, config, _compat, _core) < transport < JAX (_src) < monitoring < tools. No
+module imports from a tier above its own (static check over every import statement, the
+ones inside functions included), importing the lower tiers pulls in no jax, and the
+runtime survives initialize -> shutdown -> initialize in one process."""
+
+import ast
+import os
+import subprocess
+import sys
+
+import pytest
+
+PKG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "jax_r2ccl")
+TIERS = {"core": 0, "transport": 1, "jax": 2, "monitoring": 3, "tools": 4, "entry": 5}
+
+
+def tier_of(module: str) -> int:
+    """module: dotted name inside the package ('' is the package itself)."""
+    head = module.split(".")[0]
+    if head in ("", "__init__", "__main__"):
+        return TIERS["entry"]   # the public facade: lazy names from every tier
+    if head in ("errors", "config", "_compat", "_core"):
+        return TIERS["core"]
+    if head == "transport":
+        return TIERS["transport"]
+    if head == "_src":
+        return TIERS["jax"]
+    if head == "monitoring":
+        return TIERS["monitoring"]
+    if head == "tools":
+        return TIERS["tools"]
+    raise AssertionError(f"jax_r2ccl.{module} sits in no tier: put it in a tier's folder")
+
+
+def modules():
+    for root, _, files in os.walk(PKG):
+        for f in files:
+            if f.endswith(".py"):
+                path = os.path.join(root, f)
+                rel = os.path.relpath(path, PKG)[:-3].replace(os.sep, ".")
+                yield rel.removesuffix(".__init__") if rel != "__init__" else "", path
+
+
+def imports_of(module: str, path: str):
+    """(line, imported module inside jax_r2ccl) for every import of the package in the file."""
+    package = module if path.endswith("__init__.py") else module.rpartition(".")[0]
+    for node in ast.walk(ast.parse(open(path).read(), path)):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".") if package else []
+                base = base[:len(base) - (node.level - 1)] if node.level > 1 else base
+                target = ".".join([*base, *(node.module.split(".") if node.module else [])])
+            elif node.module and (node.module == "jax_r2ccl" or node.module.startswith("jax_r2ccl.")):
+                target = node.module.removeprefix("jax_r2ccl").lstrip(".")
+            else:
+                continue
+            if not target:   # from . import x / from jax_r2ccl import x: x is the module
+                for alias in node.names:
+                    yield node.lineno, alias.name
+            else:
+                for alias in node.names:
+                    sub = f"{target}.{alias.name}"
+                    yield node.lineno, sub if os.path.exists(os.path.join(PKG, *sub.split("."))) or \
+                        os.path.exists(os.path.join(PKG, *sub.split(".")) + ".py") else target
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.startswith("jax_r2ccl."):
+                    yield node.lineno, alias.name.removeprefix("jax_r2ccl.")
+
+
+def test_no_import_runs_back_up_a_tier():
+    bad = []
+    for module, path in modules():
+        mine = tier_of(module)
+        for line, target in imports_of(module, path):
+            if tier_of(target) > mine:
+                bad.append(f"{os.path.relpath(path, PKG)}:{line} (tier {mine}) imports {target} (tier {tier_of(target)})")
+    assert not bad, "imports up a tier:\n" + "\n".join(bad)
+
+
+def test_the_top_level_holds_only_the_core_and_the_facade():
+    top = sorted(f for f in os.listdir(PKG) if f.endswith(".py"))
+    assert top == ["__init__.py", "__main__.py", "config.py", "errors.py"], top
+
+
+def test_the_lower_tiers_import_without_jax():
+    code = ("import sys, jax_r2ccl, jax_r2ccl.config, jax_r2ccl.transport, jax_r2ccl.transport.bootstrap, "
+            "jax_r2ccl.transport.host_collectives, jax_r2ccl.transport.health, jax_r2ccl.tools.cli; "
+            "jax_r2ccl.tools.cli.build_parser(); "
+            "assert 'jax' not in sys.modules, sorted(m for m in sys.modules if m.startswith('jax.'))[:5]")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       cwd=os.path.dirname(os.path.abspath(__file__)))
+    assert r.returncode == 0, r.stderr[-3000:]
+
+
+def test_initialize_shutdown_initialize_in_one_process():
+    code = r"""
+import os
+os.environ["JAX_PLATFORMS"] = "cpu"
+import numpy as np, jax, jax_r2ccl
+from jax.sharding import Mesh, PartitionSpec as P
+from jax_r2ccl._src import runtime
+from jax_r2ccl.errors import R2cclError
+mesh = Mesh(np.array(jax.devices()), ("x",))
+f = lambda: jax.jit(jax.shard_map(lambda a: jax_r2ccl.psum(a, "x"), mesh=mesh, in_specs=P("x"), out_specs=P()))
+x = np.arange(8, dtype=np.float32)
+for cycle in range(3):
+    ep = jax_r2ccl.initialize()
+    assert jax_r2ccl.initialize() is ep                    # idempotent while initialized
+    assert runtime.current().generation == cycle + 1
+    assert jax_r2ccl.health()["rank"] == 0
+    np.testing.assert_array_equal(np.asarray(f()(x)), x)   # one device: psum is the identity
+    jax_r2ccl.shutdown()
+    jax_r2ccl.shutdown()                                   # idempotent
+    try:
+        jax_r2ccl.health()
+    except R2cclError as e:
+        assert "initialize() has not been called" in str(e), e
+    else:
+        raise AssertionError("health() after shutdown() did not raise")
+print("OK")
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240,
+                       cwd=os.path.dirname(os.path.abspath(__file__)))
+    assert r.returncode == 0 and r.stdout.strip().endswith("OK"), (r.stdout + r.stderr)[-4000:]
+
+
+def test_private_jax_apis_stay_behind_the_compatibility_module():
+    bad = []
+    for module, path in modules():
+        if module.startswith("_compat"):
+            continue
+        for node in ast.walk(ast.parse(open(path).read(), path)):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
+            bad += [f"{os.path.relpath(path, PKG)}:{node.lineno} imports {n}" for n in names
+                    if n.startswith(("jax._src", "jax.interpreters", "jaxlib"))]
+    assert not bad, "private JAX APIs outside jax_r2ccl/_compat:\n" + "\n".join(bad)
