@@ -7,11 +7,10 @@
 #   sudo bench/testbed_collectives.sh                  # everything; results in bench-results/coll-<time>/
 #   OPS="allreduce" RUNS="healthy" bench/testbed_collectives.sh
 #   RUNS="down degrade flap" bench/testbed_collectives.sh  # one NIC down; at 1/10; flapping
-# Env: RATE (500mbit), ITERS (10), SIZES, PORT (29600), OUT, TB, PYTHON, R2CCL_* (passed through).
+# Env: RATE (500mbit), ITERS (10), SIZES, PORT (29600), OUT, PYTHON, R2CCL_* (passed through).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-TB=${TB:-$(cd "$ROOT/../shared/testbed" 2>/dev/null && pwd || echo /work/shared/testbed)}
 RATE=${RATE:-500mbit}
 ITERS=${ITERS:-10}
 SIZES=${SIZES:-8B,4KiB,1MiB,16MiB,64MiB}
@@ -22,18 +21,19 @@ RUNS=${RUNS:-healthy fail degrade flap}
 DEGRADED_RATE=${DEGRADED_RATE:-50mbit}
 OUT=${OUT:-$ROOT/bench-results/coll-$(date +%Y%m%d-%H%M%S)}
 NICS=nic0,nic1,nic2,nic3
-NETNS="$TB/netns.sh"
-NSRUN="$TB/nsrun.sh"
+export PYTHONSAFEPATH=1      # children import the installed jax_r2ccl, not the checkout's source tree
+NETNS="$PYTHON -m jax_r2ccl testbed"   # the project's own test bed (jax-r2ccl testbed --help)
+NSRUN="$NETNS run"
 
 [[ $EUID -eq 0 ]] || { echo "testbed_collectives: must run as root (network namespaces)" >&2; exit 2; }
 mkdir -p "$OUT"
 cd "$ROOT"
-cleanup() { bash "$NETNS" down >/dev/null 2>&1 || true; }
+cleanup() { $NETNS down >/dev/null 2>&1 || true; }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 echo "== test bed: 2 hosts x 4 NICs at $RATE; results in $OUT"
-bash "$NETNS" up 2 4 "$RATE"
+$NETNS up 2 4 "$RATE"
 
 status=0
 run_no=0
@@ -44,10 +44,10 @@ run() {
   local common=(--coordinator "198.18.0.1:$port" --num-processes 2 --nics "$NICS")
   echo
   echo "== $name: python -m jax_r2ccl bench $op ${common[*]} $*"
-  timeout -k 5 "$t" bash "$NSRUN" r2h1 "$PYTHON" -m jax_r2ccl bench "$op" "${common[@]}" --process-id 1 "$@" \
+  timeout -k 5 "$t" $NSRUN r2h1 -- "$PYTHON" -m jax_r2ccl bench "$op" "${common[@]}" --process-id 1 "$@" \
     > "$OUT/$name.rank1.log" 2>&1 &
   local bg=$! rc0=0 rc1=0
-  timeout -k 5 "$t" bash "$NSRUN" r2h0 "$PYTHON" -m jax_r2ccl bench "$op" "${common[@]}" --process-id 0 \
+  timeout -k 5 "$t" $NSRUN r2h0 -- "$PYTHON" -m jax_r2ccl bench "$op" "${common[@]}" --process-id 0 \
     --json "$OUT/$name.json" "$@" > "$OUT/$name.rank0.log" 2>&1 || rc0=$?
   wait "$bg" || rc1=$?
   grep -E '^#|^  ' "$OUT/$name.rank0.log" || true
@@ -64,22 +64,22 @@ for r in $RUNS; do
       done ;;
     fail)       # host 1's nic2 down 0.3 s into the 64 MiB all-reduce loop, healed 1.5 s later
       run allreduce-fail allreduce 300 --sizes 64MiB --iters "$ITERS" --warmup 1 --timeout 120 \
-        --fault-at 0.3 --fault-cmd "bash $NETNS fail 1 2; sleep 1.5; bash $NETNS heal 1 2"
-      bash "$NETNS" heal 1 2 >/dev/null ;;
+        --fault-at 0.3 --fault-cmd "$NETNS fail 1 2; sleep 1.5; $NETNS heal 1 2"
+      $NETNS heal 1 2 >/dev/null ;;
     down)       # host 1's nic2 down from before the start (the job starts degraded) to the end
-      bash "$NETNS" fail 1 2 >/dev/null
+      $NETNS fail 1 2 >/dev/null
       run allreduce-down allreduce 600 --sizes "${DEGRADE_SIZES:-16MiB,64MiB}" --iters "$ITERS" --warmup 3 \
         --timeout 120
-      bash "$NETNS" heal 1 2 >/dev/null ;;
+      $NETNS heal 1 2 >/dev/null ;;
     degrade)    # host 1's nic2 at a tenth of its rate for the whole loop (steady state after warm-up)
-      bash "$NETNS" degrade 1 2 "$DEGRADED_RATE" >/dev/null
+      $NETNS degrade 1 2 "$DEGRADED_RATE" >/dev/null
       run allreduce-degrade allreduce 600 --sizes "${DEGRADE_SIZES:-16MiB,64MiB}" --iters "$ITERS" --warmup 3 \
         --timeout 120
-      bash "$NETNS" degrade 1 2 base >/dev/null ;;
+      $NETNS degrade 1 2 base >/dev/null ;;
     flap)       # host 1's nic2 flaps 50 ms down / 50 ms up, 20 times, during a 200-iteration loop
       run allreduce-flap allreduce 600 --sizes "${FLAP_SIZES:-4MiB}" --iters "${FLAP_ITERS:-200}" --warmup 2 \
-        --timeout 120 --fault-at 0.3 --fault-cmd "bash $NETNS flap 1 2 50 20"
-      bash "$NETNS" heal 1 2 >/dev/null ;;
+        --timeout 120 --fault-at 0.3 --fault-cmd "$NETNS flap 1 2 50 20"
+      $NETNS heal 1 2 >/dev/null ;;
     *) echo "testbed_collectives: unknown run '$r'" >&2; status=2 ;;
   esac
 done

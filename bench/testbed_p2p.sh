@@ -6,13 +6,12 @@
 #   sudo bench/testbed_p2p.sh                 # everything; results in bench-results/p2p-<time>/
 #   RUNS="healthy fail" bench/testbed_p2p.sh  # a subset (healthy fail blackhole flap inject)
 # Env: RATE (500mbit), ITERS (10), FAULT_ITERS (3), PORT (first coordinator port, 29500),
-#      OUT (result folder), TB (test-bed scripts, default ../shared/testbed), PYTHON (python3),
+#      OUT (result folder), PYTHON (python3),
 #      R2CCL_* (passed through to both processes, e.g. R2CCL_DEBUG=INFO).
 # Needs root (network namespaces). Sends traffic only inside 198.18.0.0/15 namespaces.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-TB=${TB:-$(cd "$ROOT/../shared/testbed" 2>/dev/null && pwd || echo /work/shared/testbed)}
 RATE=${RATE:-500mbit}
 ITERS=${ITERS:-10}
 FAULT_ITERS=${FAULT_ITERS:-3}
@@ -21,20 +20,20 @@ PYTHON=${PYTHON:-python3}
 RUNS=${RUNS:-healthy fail blackhole flap}
 OUT=${OUT:-$ROOT/bench-results/p2p-$(date +%Y%m%d-%H%M%S)}
 NICS=nic0,nic1,nic2,nic3
-NETNS="$TB/netns.sh"
-NSRUN="$TB/nsrun.sh"
+export PYTHONSAFEPATH=1      # children import the installed jax_r2ccl, not the checkout's source tree
+NETNS="$PYTHON -m jax_r2ccl testbed"   # the project's own test bed (jax-r2ccl testbed --help)
+NSRUN="$NETNS run"
 
 [[ $EUID -eq 0 ]] || { echo "testbed_p2p: must run as root (network namespaces)" >&2; exit 2; }
-[[ -x "$NETNS" && -x "$NSRUN" ]] || { echo "testbed_p2p: no test bed scripts in $TB" >&2; exit 2; }
 mkdir -p "$OUT"
 cd "$ROOT"
 
-cleanup() { "$NETNS" down >/dev/null 2>&1 || true; }
+cleanup() { $NETNS down >/dev/null 2>&1 || true; }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 echo "== test bed: 2 hosts x 4 NICs at $RATE; results in $OUT"
-"$NETNS" up 2 4 "$RATE"
+$NETNS up 2 4 "$RATE"
 
 # MPTCP baseline: rank 0 (host r2h0) is the sender and the connecting side (the MPTCP
 # client), so its extra NICs become subflow endpoints; both hosts accept extra subflows.
@@ -55,11 +54,11 @@ run() {
   local common=(--coordinator "198.18.0.1:$port" --num-processes 2 --nics "$NICS" --prefix "p2p-$name")
   echo
   echo "== $name: python -m jax_r2ccl bench p2p ${common[*]} $*"
-  timeout -k 5 "$t" "$NSRUN" r2h1 "$PYTHON" -m jax_r2ccl bench p2p "${common[@]}" --process-id 1 "$@" \
+  timeout -k 5 "$t" $NSRUN r2h1 -- "$PYTHON" -m jax_r2ccl bench p2p "${common[@]}" --process-id 1 "$@" \
     > "$OUT/$name.rank1.log" 2>&1 &
   local bg=$!
   local rc0=0 rc1=0
-  timeout -k 5 "$t" "$NSRUN" r2h0 "$PYTHON" -m jax_r2ccl bench p2p "${common[@]}" --process-id 0 \
+  timeout -k 5 "$t" $NSRUN r2h0 -- "$PYTHON" -m jax_r2ccl bench p2p "${common[@]}" --process-id 0 \
     --json "$OUT/$name.json" "$@" > "$OUT/$name.rank0.log" 2>&1 || rc0=$?
   wait "$bg" || rc1=$?
   grep -v '^\[r2ccl' "$OUT/$name.rank0.log" | grep -v '^bench: fault' || true
@@ -75,15 +74,15 @@ for r in $RUNS; do
     fail)       # host 1's nic2 loses carrier 0.3 s into the first 256 MiB iteration; healed 1.5 s later
       run fail 180 --sizes 256MiB --iters "$FAULT_ITERS" --warmup 1 --no-baselines --timeout 60 \
         --fault-at 0.3 --fault-cmd "$NETNS fail 1 2; sleep 1.5; $NETNS heal 1 2"
-      "$NETNS" heal 1 2 >/dev/null ;;
+      $NETNS heal 1 2 >/dev/null ;;
     blackhole)  # nic2 stays up but passes nothing; rate restored 1.5 s later
       run blackhole 180 --sizes 256MiB --iters "$FAULT_ITERS" --warmup 1 --no-baselines --timeout 60 \
         --fault-at 0.3 --fault-cmd "$NETNS blackhole 1 2; sleep 1.5; $NETNS degrade 1 2 base"
-      "$NETNS" degrade 1 2 base >/dev/null ;;
+      $NETNS degrade 1 2 base >/dev/null ;;
     flap)       # 50 ms down / 50 ms up, 20 times (2 s)
       run flap 180 --sizes 256MiB --iters "$FAULT_ITERS" --warmup 1 --no-baselines --timeout 60 \
         --fault-at 0.3 --fault-cmd "$NETNS flap 1 2 50 20"
-      "$NETNS" heal 1 2 >/dev/null ;;
+      $NETNS heal 1 2 >/dev/null ;;
     inject)     # software black hole on rank 0's rail 2 (no root needed for this part)
       run inject 180 --sizes 256MiB --iters "$FAULT_ITERS" --warmup 1 --no-baselines --timeout 60 \
         --fault-at 0.3 --inject-rail 2 --inject stall --inject-heal-after 1.5 ;;

@@ -7,11 +7,10 @@
 #
 #   sudo bench/testbed_plans.sh
 # Env: RATE (100mbit), SIZE (64MiB), ITERS (3), PLANS, SCENARIOS (healthy x25 x50 replan),
-#      PORT (29900), OUT, TB, PYTHON, R2CCL_* (passed through).
+#      PORT (29900), OUT, PYTHON, R2CCL_* (passed through).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-TB=${TB:-$(cd "$ROOT/../shared/testbed" 2>/dev/null && pwd || echo /work/shared/testbed)}
 RATE=${RATE:-100mbit}
 SIZE=${SIZE:-64MiB}
 ITERS=${ITERS:-3}
@@ -20,8 +19,9 @@ SCENARIOS=${SCENARIOS:-healthy x25 x50 replan}
 PORT=${PORT:-29900}
 PYTHON=${PYTHON:-python3}
 OUT=${OUT:-$ROOT/bench-results/plans-$(date +%Y%m%d-%H%M%S)}
-NETNS="$TB/netns.sh"
-NSRUN="$TB/nsrun.sh"
+export PYTHONSAFEPATH=1      # children import the installed jax_r2ccl, not the checkout's source tree
+NETNS="$PYTHON -m jax_r2ccl testbed"   # the project's own test bed (jax-r2ccl testbed --help)
+NSRUN="$NETNS run"
 # One healthy NIC's payload rate for the cost model: 100 Mbit/s less ~4.3% TCP/IP headers.
 LINK_RATE=${LINK_RATE:-11962500}
 # 100mbit links with 50 ms tbf queues shared by 3 peers' rails: keep each rail's window small
@@ -32,10 +32,10 @@ export R2CCL_CHUNK_BYTES=${R2CCL_CHUNK_BYTES:-65536}
 [[ $EUID -eq 0 ]] || { echo "testbed_plans: must run as root (network namespaces)" >&2; exit 2; }
 mkdir -p "$OUT"
 cd "$ROOT"
-cleanup() { bash "$NETNS" down >/dev/null 2>&1 || true; }
+cleanup() { $NETNS down >/dev/null 2>&1 || true; }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
-bash "$NETNS" up 4 4 "$RATE"
+$NETNS up 4 4 "$RATE"
 
 run_no=0
 status=0
@@ -47,11 +47,11 @@ run() {
                 --warmup 2 --timeout 180 --plan "$plan" --link-rate "$LINK_RATE")
   local pids=() rc=0 i
   for i in 1 2 3; do
-    timeout -k 5 900 bash "$NSRUN" "r4h$i" "$PYTHON" -m jax_r2ccl bench allreduce "${common[@]}" --process-id "$i" "$@" \
+    timeout -k 5 900 $NSRUN "r4h$i" -- "$PYTHON" -m jax_r2ccl bench allreduce "${common[@]}" --process-id "$i" "$@" \
       > "$OUT/$name.rank$i.log" 2>&1 &
     pids+=($!)
   done
-  timeout -k 5 900 bash "$NSRUN" r4h0 "$PYTHON" -m jax_r2ccl bench allreduce "${common[@]}" --process-id 0 \
+  timeout -k 5 900 $NSRUN r4h0 -- "$PYTHON" -m jax_r2ccl bench allreduce "${common[@]}" --process-id 0 \
     --json "$OUT/$name.json" "$@" > "$OUT/$name.rank0.log" 2>&1 || rc=$?
   for i in "${pids[@]}"; do wait "$i" || rc=$?; done
   echo "== $name: $(grep -E '^  r2ccl' "$OUT/$name.rank0.log" || echo 'no result') (exit $rc)"
@@ -61,21 +61,21 @@ run() {
 for sc in $SCENARIOS; do
   case "$sc" in
     healthy) ;;
-    x25) bash "$NETNS" fail 3 3 >/dev/null ;;
-    x50) bash "$NETNS" fail 3 2 >/dev/null; bash "$NETNS" fail 3 3 >/dev/null ;;
+    x25) $NETNS fail 3 3 >/dev/null ;;
+    x50) $NETNS fail 3 2 >/dev/null; $NETNS fail 3 3 >/dev/null ;;
     replan) ;;
     *) echo "testbed_plans: unknown scenario $sc" >&2; exit 2 ;;
   esac
   if [[ $sc == replan ]]; then
     # auto, healthy at start; host 3 loses nic3 1 s into the timed loop: the next calls re-plan
-    run "replan-auto" auto --iters 8 --fault-at 1.0 --fault-cmd "bash $NETNS fail 3 3"
-    bash "$NETNS" heal 3 3 >/dev/null
+    run "replan-auto" auto --iters 8 --fault-at 1.0 --fault-cmd "$NETNS fail 3 3"
+    $NETNS heal 3 3 >/dev/null
     continue
   fi
   for plan in $PLANS; do
     run "$sc-$plan" "$plan" --iters "$ITERS"
   done
-  bash "$NETNS" heal 3 2 >/dev/null; bash "$NETNS" heal 3 3 >/dev/null
+  $NETNS heal 3 2 >/dev/null; $NETNS heal 3 3 >/dev/null
 done
 
 "$PYTHON" - "$OUT" <<'PY'

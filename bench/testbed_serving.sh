@@ -5,39 +5,39 @@
 # and whether the tokens equal the fault-free pass. Always tears the bed down.
 #
 #   sudo bench/testbed_serving.sh
-# Env: RATE (500mbit), PORT (29800), OUT, TB, PYTHON, TOKENS (300), FAULT (fail 1 2), R2CCL_*.
+# Env: RATE (500mbit), PORT (29800), OUT, PYTHON, TOKENS (300), FAULT (fail 1 2), R2CCL_*.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-TB=${TB:-$(cd "$ROOT/../shared/testbed" 2>/dev/null && pwd || echo /work/shared/testbed)}
 RATE=${RATE:-500mbit}
 PORT=${PORT:-29800}
 PYTHON=${PYTHON:-python3}
 TOKENS=${TOKENS:-300}
 FAULT=${FAULT:-fail 1 2}
 OUT=${OUT:-$ROOT/bench-results/serving-$(date +%Y%m%d-%H%M%S)}
-NETNS="$TB/netns.sh"
-NSRUN="$TB/nsrun.sh"
+export PYTHONSAFEPATH=1      # children import the installed jax_r2ccl, not the checkout's source tree
+NETNS="$PYTHON -m jax_r2ccl testbed"   # the project's own test bed (jax-r2ccl testbed --help)
+NSRUN="$NETNS run"
 
 [[ $EUID -eq 0 ]] || { echo "testbed_serving: must run as root (network namespaces)" >&2; exit 2; }
 mkdir -p "$OUT"
 cd "$ROOT"
-cleanup() { bash "$NETNS" down >/dev/null 2>&1 || true; }
+cleanup() { $NETNS down >/dev/null 2>&1 || true; }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
-bash "$NETNS" up 2 4 "$RATE"
+$NETNS up 2 4 "$RATE"
 
 common=(--coordinator "198.18.0.1:$PORT" --num-processes 2 --tokens "$TOKENS")
 export R2CCL_NICS=nic0,nic1,nic2,nic3
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"   # this checkout, not an installed copy
 heal=${FAULT/fail/heal}
 echo "== examples/serving.py ${common[*]} --fault-at-token $((TOKENS / 2)) --fault-cmd 'netns.sh $FAULT'"
-timeout -k 5 300 bash "$NSRUN" r2h1 "$PYTHON" examples/serving.py "${common[@]}" --process-id 1 \
+timeout -k 5 300 $NSRUN r2h1 -- "$PYTHON" examples/serving.py "${common[@]}" --process-id 1 \
   > "$OUT/rank1.log" 2>&1 &
 bg=$!
 rc0=0 rc1=0
-timeout -k 5 300 bash "$NSRUN" r2h0 "$PYTHON" examples/serving.py "${common[@]}" --process-id 0 \
-  --fault-at-token $((TOKENS / 2)) --fault-cmd "bash $NETNS $FAULT" --heal-cmd "bash $NETNS $heal" \
+timeout -k 5 300 $NSRUN r2h0 -- "$PYTHON" examples/serving.py "${common[@]}" --process-id 0 \
+  --fault-at-token $((TOKENS / 2)) --fault-cmd "$NETNS $FAULT" --heal-cmd "$NETNS $heal" \
   --json "$OUT/serving.json" > "$OUT/rank0.log" 2>&1 || rc0=$?
 wait "$bg" || rc1=$?
 grep -v '^\[r2ccl\|^\[Gloo' "$OUT/rank0.log" | tail -12

@@ -57,7 +57,7 @@ def test_readme_main_command_runs_literally_in_a_fresh_clone_and_venv(tmp_path):
     out = r.stdout + r.stderr
     print(f"README main command: {main!r}: exit {r.returncode}")
     assert r.returncode == 0, out[-6000:]
-    assert re.search(r"fault inside an all-reduce: YES \((\d+) bytes unacknowledged on rail \d when it went down, "
+    assert re.search(r"fault inside an all-reduce: YES \((\d+) bytes unacknowledged on rail (\d) when it went down, "
                      r"(\d+) chunks re-sent\)", out), out[-6000:]
     assert "loss curves BIT-IDENTICAL" in out and "demo: PASS" in out, out[-6000:]
 

@@ -1,20 +1,15 @@
 """Real faults on the network test bed: 2 hosts × 4 NICs at 500 Mbit/s built from network
-namespaces (../shared/testbed/netns.sh). A NIC goes down, black-holes, flaps or slows to a
+namespaces (the project's own test bed, jax_r2ccl/tools/testbed.py: `jax-r2ccl testbed`). A NIC goes down, black-holes, flaps or slows to a
 tenth in the middle of a transfer; every transfer must arrive bit-exact and in bounded
 time. Needs root; skipped with the reason otherwise."""
 
 import os
-import shutil
-import subprocess
 
 import pytest
 
 from harness import run_ranks
+from jax_r2ccl.tools import testbed
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TESTBED = os.environ.get("R2CCL_TESTBED_DIR", os.path.join(os.path.dirname(ROOT), "shared", "testbed"))
-NETNS = os.path.join(TESTBED, "netns.sh")
-NSRUN = os.path.join(TESTBED, "nsrun.sh")
 RATE_BPS = 500e6 / 8 * 0.957     # payload of a 500 Mbit/s link (TCP/IP headers take ~4%)
 NICS = ["nic0", "nic1", "nic2", "nic3"]
 
@@ -22,35 +17,34 @@ NICS = ["nic0", "nic1", "nic2", "nic3"]
 def _why_not():
     if os.environ.get("R2CCL_COORDINATOR"):
         return "multi-host mode: the hosts are given, no local test bed is built"
-    if os.geteuid() != 0:
-        return "the test bed needs root (network namespaces)"
-    if not os.path.exists(NETNS):
-        return f"no test bed script at {NETNS} (set R2CCL_TESTBED_DIR)"
-    for tool in ("ip", "tc", "unshare"):
-        if not shutil.which(tool):
-            return f"'{tool}' is not installed (iproute2 / util-linux)"
-    return None
+    return testbed.why_unavailable()
+
+
+def tb(*args) -> str:
+    """A test-bed command as a shell line, for the workers' fault steps."""
+    return testbed.command_line(*map(str, args))
+
+
+def hosts(n: int) -> list[list[str]]:
+    """Per-rank command prefixes that run rank i as test-bed host i."""
+    return [testbed.run_prefix(i) for i in range(n)]
 
 
 pytestmark = [pytest.mark.testbed, pytest.mark.skipif(_why_not() is not None, reason=str(_why_not()))]
 
 
-def netns(*args):
-    subprocess.run(["bash", NETNS, *map(str, args)], check=True, timeout=120, capture_output=True)
-
-
 @pytest.fixture(scope="module")
 def bed():
-    netns("up", 2, 4, "500mbit")
+    testbed.up(2, 4, "500mbit")
     try:
         yield
     finally:
-        subprocess.run(["bash", NETNS, "down"], timeout=120, capture_output=True)
+        testbed.down()
 
 
 def run_pair(bed, **args):
     return run_ranks("transfer_with_fault", 2, nics=NICS, args=args, timeout=120,
-                     netns=[["bash", NSRUN, "r2h0"], ["bash", NSRUN, "r2h1"]],
+                     netns=hosts(2),
                      config={"timeout_s": 20.0})
 
 
@@ -68,7 +62,7 @@ def test_four_nics_stripe_bit_exact(bed):
 ])
 def test_nic_lost_mid_transfer_is_bit_exact_and_bounded(bed, fault, cmd, heal):
     n = 128 << 20
-    res = run_pair(bed, nbytes=n, fault_cmd=f"bash {NETNS} {cmd}", heal_cmd=f"bash {NETNS} {heal}",
+    res = run_pair(bed, nbytes=n, fault_cmd=tb(*cmd.split()), heal_cmd=tb(*heal.split()),
                    fault_after_s=0.15, heal_after_s=3.0)
     r0, r1 = (r["result"] for r in res)
     assert r1["wrong"] == 0
@@ -80,7 +74,7 @@ def test_nic_lost_mid_transfer_is_bit_exact_and_bounded(bed, fault, cmd, heal):
 
 def test_flapping_nic_loses_nothing(bed):
     n = 64 << 20
-    res = run_pair(bed, nbytes=n, iters=6, fault_cmd=f"bash {NETNS} flap 1 2 50 20", fault_after_s=0.05)
+    res = run_pair(bed, nbytes=n, iters=6, fault_cmd=tb("flap", 1, 2, 50, 20), fault_after_s=0.05)
     r1 = res[1]["result"]
     assert r1["wrong"] == 0
     assert sum(r1["times"]) < 30
@@ -88,15 +82,15 @@ def test_flapping_nic_loses_nothing(bed):
 
 def test_degraded_nic_loses_nothing(bed):
     n = 64 << 20
-    res = run_pair(bed, nbytes=n, iters=2, fault_cmd=f"bash {NETNS} degrade 1 2 50mbit",
-                   heal_cmd=f"bash {NETNS} degrade 1 2 base", fault_after_s=0.05, heal_after_s=4.0)
+    res = run_pair(bed, nbytes=n, iters=2, fault_cmd=tb("degrade", 1, 2, "50mbit"),
+                   heal_cmd=tb("degrade", 1, 2, "base"), fault_after_s=0.05, heal_after_s=4.0)
     r1 = res[1]["result"]
     assert r1["wrong"] == 0
 
 
 def run_monitored(bed, **args):
     return run_ranks("monitored_transfer", 2, nics=NICS, args=args, timeout=120,
-                     netns=[["bash", NSRUN, "r2h0"], ["bash", NSRUN, "r2h1"]],
+                     netns=hosts(2),
                      config={"timeout_s": 20.0})
 
 
@@ -110,7 +104,7 @@ def test_link_events_move_traffic_off_at_once_and_back_after_heal(bed):
     kernel delivers it through linkwatch, measured 350 ms). Traffic leaves the NIC within
     50 ms; after `heal` the NIC carries traffic again within 1 s (hold-down 100 ms, re-dial)."""
     res = run_monitored(bed, nbytes=32 << 20, iters=14,
-                        steps=[(0.4, 0, "cmd", f"bash {NETNS} fail 1 2"), (1.4, 0, "cmd", f"bash {NETNS} heal 1 2")])
+                        steps=[(0.4, 0, "cmd", tb("fail", 1, 2)), (1.4, 0, "cmd", tb("heal", 1, 2))])
     r0, r1 = res[0]["result"], res[1]["result"]
     assert r1["wrong"] == 0
     down_cmd, up_cmd = r0["steps"]
@@ -133,8 +127,8 @@ def test_black_hole_is_left_within_300_ms(bed):
     """Link up, nothing passes: the rail is failed by its stall timer while its siblings
     progress, and its chunks move; bit-exact."""
     res = run_monitored(bed, nbytes=32 << 20, iters=10,
-                        steps=[(0.4, 0, "cmd", f"bash {NETNS} blackhole 1 2"),
-                               (1.6, 0, "cmd", f"bash {NETNS} degrade 1 2 base")])
+                        steps=[(0.4, 0, "cmd", tb("blackhole", 1, 2)),
+                               (1.6, 0, "cmd", tb("degrade", 1, 2, "base"))])
     r0, r1 = res[0]["result"], res[1]["result"]
     assert r1["wrong"] == 0
     hole = r0["steps"][0]
@@ -146,8 +140,8 @@ def test_black_hole_is_left_within_300_ms(bed):
 
 def test_degraded_nic_gets_a_tenth_of_the_weight_and_loses_nothing(bed):
     res = run_monitored(bed, nbytes=32 << 20, iters=12,
-                        steps=[(0.3, 0, "cmd", f"bash {NETNS} degrade 1 2 50mbit"),
-                               (2.3, 0, "cmd", f"bash {NETNS} degrade 1 2 base")])
+                        steps=[(0.3, 0, "cmd", tb("degrade", 1, 2, "50mbit")),
+                               (2.3, 0, "cmd", tb("degrade", 1, 2, "base"))])
     r0, r1 = res[0]["result"], res[1]["result"]
     assert r1["wrong"] == 0
     assert any(e["kind"] == "degraded" and e["rail"] == 2 for e in r0["events"]), r0["events"]
@@ -157,7 +151,7 @@ def test_degraded_nic_gets_a_tenth_of_the_weight_and_loses_nothing(bed):
 
 def test_flapping_link_is_held_down_and_nothing_is_lost(bed):
     res = run_monitored(bed, nbytes=32 << 20, iters=16,
-                        steps=[(0.3, 0, "cmd", f"bash {NETNS} flap 1 2 50 20")])
+                        steps=[(0.3, 0, "cmd", tb("flap", 1, 2, 50, 20))])
     r0, r1 = res[0]["result"], res[1]["result"]
     assert r1["wrong"] == 0
     downs = [e for e in r1["events"] if e["kind"] == "link_down" and e["nic"] == "nic2"]
@@ -167,12 +161,12 @@ def test_flapping_link_is_held_down_and_nothing_is_lost(bed):
 
 
 def test_a_nic_down_at_start_does_not_hold_the_job_and_joins_when_healed(bed):
-    netns("fail", 1, 2)
+    testbed.fail(1, 2)
     try:
         res = run_pair(bed, nbytes=64 << 20, iters=3, fault_cmd="true", fault_after_s=0.0,
-                       heal_cmd=f"bash {NETNS} heal 1 2", heal_after_s=0.3)
+                       heal_cmd=tb("heal", 1, 2), heal_after_s=0.3)
     finally:
-        netns("heal", 1, 2)
+        testbed.heal(1, 2)
     r0, r1 = (r["result"] for r in res)
     assert r1["wrong"] == 0
     assert r0["stats"][2]["state"] == "up" and r0["stats"][2]["tx_bytes"] > 0, r0["stats"][2]

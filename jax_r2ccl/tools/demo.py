@@ -35,7 +35,9 @@ def _parse(argv):
     p.add_argument("--devices", type=int, default=2, help="CPU devices per process (default 2)")
     p.add_argument("--steps", type=int, default=300, help="training steps per run (default 300)")
     p.add_argument("--width", type=int, default=512, help="hidden width of the MLP (default 512)")
-    p.add_argument("--fail-rail", type=int, default=2, help="rail taken down (default 2)")
+    p.add_argument("--fail-rail", type=int, default=None,
+                   help="rail taken down (default: the one holding the most unacknowledged bytes of the "
+                        "step's all-reduce when the demo looks)")
     p.add_argument("--fail-step", type=int, default=None, help="step at which it fails (default steps/3)")
     p.add_argument("--heal-step", type=int, default=None, help="step at which it heals (default steps/2)")
     p.add_argument("--rail-rate", type=float, default=10.0,
@@ -44,7 +46,9 @@ def _parse(argv):
     p.add_argument("--testbed", action="store_true",
                    help="run the two processes on two test-bed hosts (network namespaces; root) and take "
                         "a real link down")
-    p.add_argument("--testbed-rate", default="100mbit", help="--testbed: rate of every link (default 100mbit)")
+    p.add_argument("--testbed-rate", default="20mbit",
+                   help="--testbed: rate of every link (default 20mbit: a step's all-reduce lasts long enough "
+                        "for the link to go down inside it)")
     p.add_argument("--process-id", type=int, help=argparse.SUPPRESS)
     p.add_argument("--coordinator", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
@@ -52,7 +56,7 @@ def _parse(argv):
         p.error("--processes must be at least 2 (the fault is on a rail between two processes)")
     if a.testbed and a.processes != 2:
         p.error("--testbed runs exactly 2 processes, one per test-bed host")
-    if not 0 <= a.fail_rail < 4:
+    if a.fail_rail is not None and not 0 <= a.fail_rail < 4:
         p.error("--fail-rail must be 0..3 (the demo has four rails)")
     if a.steps < 10:
         p.error("--steps must be at least 10")
@@ -68,11 +72,11 @@ def _free_port() -> int:
 
 
 class _Fault:
-    """Takes a rail down inside a step's all-reduce and proves it did: waits (bounded) until
-    the rail holds unacknowledged bytes, takes it down, and later reads how many chunks the
-    other rails re-sent for it."""
+    """Takes a rail down inside a step's all-reduce and proves it did: waits (bounded) until a
+    rail holds unacknowledged bytes of the step (the given rail, or else the one holding the
+    most), takes that rail down, and later reads how many chunks the other rails re-sent for it."""
 
-    def __init__(self, ep, peer: int, rail: int, testbed: bool, rate_Bps: float):
+    def __init__(self, ep, peer: int, rail: int | None, testbed: bool, rate_Bps: float):
         self.ep, self.peer, self.rail, self.testbed, self.rate_Bps = ep, peer, rail, testbed, rate_Bps
         self.inflight_at_fault = 0
         self.resent_before = 0
@@ -80,19 +84,34 @@ class _Fault:
     def _stats(self):
         return self.ep.rail_stats(self.peer)
 
-    def take_down(self, wait_s: float = 2.0) -> None:
+    def _pick(self, st) -> int:
+        if self.rail is not None:
+            return self.rail
+        # On the test bed nic0 also carries jax.distributed's coordination traffic: keep it up.
+        rails = range(1 if self.testbed else 0, len(st))
+        return max(rails, key=lambda k: st[k]["inflight_bytes"])
+
+    # A rail is taken down once it holds at least this much of the step unacknowledged: a large
+    # gradient's chunk that has just started, so the link goes down before the chunk drains
+    # (taking a test-bed link down takes the kernel tens of milliseconds).
+    MIN_INFLIGHT_BYTES = 64 << 10
+
+    def take_down(self, wait_s: float = 5.0) -> None:
         deadline = time.monotonic() + wait_s
         st = self._stats()
-        while st[self.rail]["inflight_bytes"] == 0 and time.monotonic() < deadline:
-            time.sleep(0.0005)
+        while st[self._pick(st)]["inflight_bytes"] < self.MIN_INFLIGHT_BYTES and time.monotonic() < deadline:
+            time.sleep(0.0002)
             st = self._stats()
+        self.rail = self._pick(st)
         self.inflight_at_fault = st[self.rail]["inflight_bytes"]
         self.resent_before = sum(s["retransmitted_chunks"] for s in st)
+        t0 = time.monotonic()
         if self.testbed:
             from . import testbed
-            testbed.fail(0, self.rail)           # this host's NIC: the kernel reports carrier lost
+            testbed.fail(0, self.rail)           # this host's NIC k carries rail k: the kernel reports carrier lost
         else:
             self.ep.inject(self.peer, self.rail, "close")
+        self.fault_s = time.monotonic() - t0
 
     def heal(self) -> None:
         if self.testbed:
@@ -103,6 +122,16 @@ class _Fault:
 
     def resent(self) -> int:
         return sum(s["retransmitted_chunks"] for s in self._stats()) - self.resent_before
+
+    def wait_recovered(self, timeout_s: float = 10.0) -> bool:
+        """After the heal: the rail is back up (re-dialled, re-admitted after the hold-down)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            s = self._stats()[self.rail]
+            if s["state"] == "up" and s["recoveries"] >= 1:
+                return True
+            time.sleep(0.05)
+        return False
 
 
 def _worker(a) -> int:
@@ -181,12 +210,13 @@ def _worker(a) -> int:
             params, loss = step(params, xs, ys)          # dispatched: runs while Python goes on
             if faulty and i == fail_step:
                 fault.take_down()
-                how = "link down (carrier lost)" if a.testbed else "connection closed"
-                print(f"[demo] step {i}: rail {a.fail_rail} to process {peers[0]} taken DOWN ({how}) with "
-                      f"{fault.inflight_at_fault} bytes of this step's all-reduce unacknowledged on it", flush=True)
+                how = "link down: carrier lost" if a.testbed else "connection closed"
+                print(f"[demo] step {i}: rail {fault.rail} to process {peers[0]} taken DOWN ({how}, "
+                      f"{fault.fault_s * 1e3:.1f} ms) with {fault.inflight_at_fault} bytes of this step's all-reduce "
+                      f"unacknowledged on it", flush=True)
             if faulty and i == heal_step:
                 fault.heal()
-                print(f"[demo] step {i}: rail {a.fail_rail} healed", flush=True)
+                print(f"[demo] step {i}: rail {fault.rail} healed", flush=True)
             losses.append(np.asarray(loss).item())
             if faulty and i == fail_step:
                 print(f"[demo] step {i}: finished; {fault.resent()} chunks re-sent on the other rails for the "
@@ -203,16 +233,17 @@ def _worker(a) -> int:
     identical = curves["fault-free"].tobytes() == curves["with failure"].tobytes()
     ok = identical
     if fault is not None:
+        recovered = fault.wait_recovered()
         st = ep.rail_stats(peers[0])
         for s in st:
             print(f"[demo] rail {s['rail']} ({s['local_addr']}): failures {s['failures']}, recoveries "
                   f"{s['recoveries']}, chunks re-sent for others {s['retransmitted_chunks']}", flush=True)
         resent = fault.resent()
         inside = fault.inflight_at_fault > 0 and resent > 0
-        failed = st[a.fail_rail]["failures"] >= 1 and st[a.fail_rail]["recoveries"] >= 1
+        failed = st[fault.rail]["failures"] >= 1 and recovered
         print(f"[demo] fault inside an all-reduce: {'YES' if inside else 'NO'} ({fault.inflight_at_fault} bytes "
-              f"unacknowledged on rail {a.fail_rail} when it went down, {resent} chunks re-sent)", flush=True)
-        print(f"[demo] rail {a.fail_rail} failed and recovered: {'YES' if failed else 'NO'}", flush=True)
+              f"unacknowledged on rail {fault.rail} when it went down, {resent} chunks re-sent)", flush=True)
+        print(f"[demo] rail {fault.rail} failed and recovered: {'YES' if failed else 'NO'}", flush=True)
         first = None if identical else int(np.nonzero(curves["fault-free"] != curves["with failure"])[0][0])
         print(f"[demo] loss curves {'BIT-IDENTICAL' if identical else f'DIFFER (first at step {first})'} "
               f"over {a.steps} steps", flush=True)
