@@ -31,7 +31,7 @@ common=(--coordinator "198.18.0.1:$PORT" --num-processes 2 --tokens "$TOKENS")
 export R2CCL_NICS=nic0,nic1,nic2,nic3
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"   # this checkout, not an installed copy
 heal=${FAULT/fail/heal}
-echo "== examples/serving.py ${common[*]} --fault-at-token $((TOKENS / 2)) --fault-cmd 'netns.sh $FAULT'"
+echo "== examples/serving.py ${common[*]} --fault-at-token $((TOKENS / 2)) --fault-cmd 'jax-r2ccl testbed $FAULT'"
 timeout -k 5 300 $NSRUN r2h1 -- "$PYTHON" examples/serving.py "${common[@]}" --process-id 1 \
   > "$OUT/rank1.log" 2>&1 &
 bg=$!

@@ -55,7 +55,7 @@ def run_ranks(func: str, world: int, *, nics=None, config: dict | None = None, a
     Returns one dict per rank: {"ok": True, "result": ...} or {"ok": False, "error": str,
     "cause": str, "peer": int}. Raises RankFailed when a process crashes or runs past
     `timeout` (it is then killed by PID), or when a rank fails and expect_fail is False.
-    `netns`: per-rank command prefix (e.g. the test bed's nsrun.sh host), optional.
+    `netns`: per-rank command prefix (e.g. the test bed's run_prefix(host)), optional.
     """
     cfg = dict(FAST)
     cfg.update(config or {})

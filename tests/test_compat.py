@@ -54,3 +54,26 @@ def test_missing_initialize_is_a_clear_error():
     """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert "OK" in out.stdout, out.stdout + out.stderr
+
+
+def test_keep_when_unused_survives_jax_dead_code_elimination():
+    """jaxapi.keep_when_unused registers a rule in JAX's private DCE table, whose rule
+    signature changed in jax 0.11 ((used_outputs, eqn) -> (used_outputs, live_ins, eqn))."""
+    import pytest
+    pytest.importorskip("jax")
+    import jax
+    from jax_r2ccl._compat import jaxapi
+
+    def make(name):
+        p = jaxapi.Primitive(name)
+        p.def_impl(lambda x: x)
+        p.def_abstract_eval(lambda aval: aval)
+        return p
+
+    kept, dropped = make("r2ccl_test_kept"), make("r2ccl_test_dropped")
+    jaxapi.keep_when_unused(kept)
+    jaxpr = jax.make_jaxpr(lambda x: (kept.bind(x), dropped.bind(x), x)[2])(1.0).jaxpr
+    assert [e.primitive for e in jaxpr.eqns] == [kept, dropped]
+    new, used_inputs = jaxapi._pe.dce_jaxpr(jaxpr, [True])
+    assert [e.primitive for e in new.eqns] == [kept]
+    assert used_inputs == [True]

@@ -42,6 +42,11 @@ def test_the_engine_replays_the_test_beds_fault_runs_within_10_percent():
     assert [(f.t, f.server, f.nic, f.kind, round(f.duration, 9)) for f in tr] == [(0.3, 1, 2, "down", 1.5)]
     tr = fault_trace("bash x/netns.sh flap 0 3 50 20; bash x/netns.sh degrade 1 0 50mbit", 1.0, 500e6)
     assert [(f.kind, f.t, f.period, f.factor) for f in tr] == [("flap", 1.0, 0.1, 0.0), ("degrade", 3.0, 0.1, 0.1)]
+    tr = fault_trace("python -m jax_r2ccl testbed fail 1 2; sleep 1.5; jax-r2ccl testbed heal 1 2", 0.3, 500e6)
+    assert [(f.t, f.server, f.nic, f.kind, round(f.duration, 9)) for f in tr] == [(0.3, 1, 2, "down", 1.5)]
+    tr = fault_trace("/usr/bin/python3 -I /x/jax_r2ccl/tools/testbed.py blackhole 0 1; sleep 1; "
+                     "/usr/bin/python3 -I /x/jax_r2ccl/tools/testbed.py degrade 0 1 base", 0.0, 500e6)
+    assert [(f.kind, f.server, f.nic, f.duration) for f in tr] == [("blackhole", 0, 1, 1.0)]
     with pytest.raises(ValueError):
         fault_trace("rm -rf /", 0.0, 1.0)
 

@@ -1,5 +1,6 @@
 """Every private JAX name jax_r2ccl's JAX integration uses, in one place (with _compat/jax_kv.py
-for jax.distributed's key-value store; checked against jax/jaxlib 0.10.2). The collective primitives of jax.lax, their abstract evaluation and the
+for jax.distributed's key-value store; checked against jax/jaxlib 0.10.2 and 0.12.0.1, the two
+ends of the supported range). The collective primitives of jax.lax, their abstract evaluation and the
 MLIR lowering registry are not public API: when JAX moves, this file is the one to fix."""
 
 from __future__ import annotations
@@ -94,8 +95,10 @@ def set_cacheable(prim) -> None:
 from jax._src.interpreters import partial_eval as _pe
 
 
-def _keep_rule(used_outputs, eqn):
-    del used_outputs
+def _keep_rule(*args):
+    # DCE rule signature: (used_outputs, eqn) up to jax 0.10; (used_outputs, live_ins, eqn)
+    # from jax 0.11 on (live_ins: which Ref inputs are read later). The equation is last in both.
+    eqn = args[-1]
     return [True] * len(eqn.invars), eqn
 
 

@@ -35,7 +35,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
                    help="process 0 fires the fault this long after the first timed iteration of "
                         "the largest size starts (r2ccl only)")
     p.add_argument("--fault-cmd", default=None, metavar="CMD",
-                   help="shell command process 0 runs at --fault-at (e.g. netns.sh fail 1 2)")
+                   help="shell command process 0 runs at --fault-at (e.g. jax-r2ccl testbed fail 1 2)")
     p.add_argument("--inject-rail", type=int, default=None, metavar="R",
                    help="at --fault-at, inject a software fault on rail R of process 0's endpoint")
     p.add_argument("--inject", default=None, choices=("close", "stall", "rate"),

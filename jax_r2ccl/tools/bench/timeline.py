@@ -30,7 +30,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sample", type=float, default=0.02, metavar="S", help="sampling period")
     p.add_argument("--step", action="append", default=[], metavar="AT:CMD",
                    help="process 0 runs shell command CMD at AT seconds (repeatable), e.g. "
-                        "'1.0:netns.sh fail 1 2'")
+                        "'1.0:jax-r2ccl testbed fail 1 2'")
     p.add_argument("--out", default="timeline", metavar="PREFIX", help="writes PREFIX.json and PREFIX.png")
     p.add_argument("--timeout", type=float, default=60.0, metavar="S")
 

@@ -69,9 +69,20 @@ def calibrate(paths: list[str], rate: str, alpha_s: float) -> list[dict]:
     return rows
 
 
+def _fault_words(cmd: str) -> str:
+    """The fault command without the test-bed program's path: 'fail 1 2; sleep 1.5; ...'."""
+    for marker in ("netns.sh", "testbed.py", "testbed"):
+        if marker in cmd:
+            return cmd.split(marker, 1)[-1].strip()
+    return cmd.strip()
+
+
 def fault_trace(cmd: str, at: float, base_rate: float) -> list[Failure]:
-    """The failures a bench run's --fault-cmd injected, `at` seconds into its loop: netns.sh
-    fail/heal/blackhole/degrade/flap commands and sleeps, one after another."""
+    """The failures a bench run's --fault-cmd injected, `at` seconds into its loop: test-bed
+    fail/heal/blackhole/degrade/flap commands and sleeps, one after another. A test-bed command
+    is `jax-r2ccl testbed VERB ...` in any spelling (python -m jax_r2ccl testbed, the file
+    testbed.py run by path), or the first test-bed script's `netns.sh VERB ...` that the
+    recorded runs in tests/data/sim used."""
     t, out, open_ = at, [], {}
     for part in cmd.split(";"):
         words = shlex.split(part)
@@ -80,9 +91,10 @@ def fault_trace(cmd: str, at: float, base_rate: float) -> list[Failure]:
         if words[0] == "sleep":
             t += float(words[1])
             continue
-        if "netns.sh" not in " ".join(words[:2]):
+        at_script = next((i for i, w in enumerate(words[:5])
+                          if w.endswith(("netns.sh", "testbed.py")) or w == "testbed"), None)
+        if at_script is None or at_script + 3 > len(words):
             raise ValueError(f"fault command not understood: {part.strip()!r}")
-        at_script = next(i for i, w in enumerate(words) if w.endswith("netns.sh"))
         verb, rest = words[at_script + 1], words[at_script + 2:]
         host, nic = int(rest[0]), int(rest[1])
         key = (host, nic)
@@ -134,7 +146,7 @@ def replay(paths: list[str], rate: str, alpha_s: float) -> list[dict]:
         model = time_to_finish(cluster, wl, trace, len(loop), policy)
         healthy = len(loop) * wl.step(cluster, {}, plan)[0]
         rows.append({"file": path, "hosts": world, "size": size, "iters": len(loop),
-                     "fault": cfg["fault_cmd"].split("netns.sh", 1)[-1].strip(), "measured_s": measured,
+                     "fault": _fault_words(cfg["fault_cmd"]), "measured_s": measured,
                      "model_s": model, "model_healthy_s": healthy, "error": (model - measured) / measured})
     return rows
 
