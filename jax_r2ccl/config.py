@@ -1,6 +1,10 @@
-"""Every R2CCL_* setting in one table: name, type, default, doc. The C++ core mirrors it
-(csrc/base/config.h); `Config.from_env()` reads the environment, keyword arguments
-override, and `to_core()` hands the result to the C++ struct."""
+"""Every R2CCL_* setting in one table: name, field, type, doc. Defaults are not written here
+for the settings the C++ core has (csrc/base/config.h is their one source; they are read back
+through _core.config_defaults()); the Python-only settings (NICs, transport, bootstrap
+timeout, secret) carry theirs in their row, and R2CCL_DEBUG's is the name of the core's
+default log level. `Config` is generated from the table: `Config.from_env()` reads the
+environment, keyword arguments override, and `to_core()` hands the result to the C++ struct.
+Must not know jax or anything above the core tier."""
 
 from __future__ import annotations
 
@@ -8,9 +12,35 @@ import dataclasses
 import os
 from typing import Any
 
+from . import _core
 from .errors import R2cclError
 
-_LEVELS = {"ERROR": 0, "WARN": 1, "WARNING": 1, "INFO": 2, "TRACE": 3}
+_CORE_DEFAULTS: dict[str, Any] = _core.config_defaults()
+_NAMES: dict[str, list[str]] = _core.names()
+CONSTANTS: dict[str, int] = _core.constants()
+
+# R2CCL_DEBUG's names -> the core's debug_level (the index into its level names).
+_LEVELS = {name: i for i, name in enumerate(_NAMES["log_levels"])}
+_LEVELS["WARNING"] = _LEVELS["WARN"]
+
+# Fields of the C++ Config that have no setting of their own: R2CCL_DEBUG (`debug`, a name)
+# becomes debug_level in to_core().
+CORE_ONLY_FIELDS = frozenset({"debug_level"})
+
+_FROM_CORE = object()   # a row's default: the C++ struct's
+
+
+def _size(n: int) -> str:
+    """65536 -> '64 KiB' (what the docs say of a size constant)."""
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift and n % (1 << shift) == 0:
+            return f"{n >> shift} {unit}"
+    return f"{n} bytes"
+
+
+def _one_of(names) -> str:
+    names = list(names)
+    return ", ".join(names[:-1]) + " or " + names[-1] if len(names) > 1 else "".join(names)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -18,75 +48,95 @@ class Setting:
     env: str
     field: str
     kind: type
-    default: Any
     doc: str
+    default: Any = _FROM_CORE
+
+    def __post_init__(self):
+        # A default is written once: in C++ for the core's fields, in the row for the others.
+        if self.default is _FROM_CORE:
+            if self.field not in _CORE_DEFAULTS:
+                raise TypeError(f"{self.env}: {self.field} is not a field of the C++ Config; give its default")
+            object.__setattr__(self, "default", self.kind(_CORE_DEFAULTS[self.field]))
+        elif self.field in _CORE_DEFAULTS:
+            raise TypeError(f"{self.env}: the default of {self.field} comes from the C++ Config; do not repeat it")
+
+    @property
+    def python_only(self) -> bool:
+        return self.field not in _CORE_DEFAULTS
 
 
 SETTINGS: tuple[Setting, ...] = (
-    Setting("R2CCL_NICS", "nics", str, "",
+    Setting("R2CCL_NICS", "nics", str,
             "Comma-separated NICs (interface names or IPv4 addresses) to stripe over; empty: every "
-            "non-loopback interface that is up, else 127.0.0.1."),
-    Setting("R2CCL_TRANSPORT", "transport", str, "socket",
-            "Transport backend: socket (TCP). ibverbs is not built yet."),
-    Setting("R2CCL_CHUNK_BYTES", "chunk_bytes", int, 256 << 10,
-            "Payload bytes per chunk; chunks are dealt to rails by weight."),
-    Setting("R2CCL_RAIL_WINDOW_BYTES", "rail_window_bytes", int, 1 << 20,
+            "non-loopback interface that is up, else 127.0.0.1.",
+            default=""),
+    Setting("R2CCL_TRANSPORT", "transport", str,
+            "Transport backend: socket (TCP). ibverbs is not built yet.",
+            default="socket"),
+    Setting("R2CCL_CHUNK_BYTES", "chunk_bytes", int,
+            f"Payload bytes per chunk ({_size(CONSTANTS['min_chunk_bytes'])} to "
+            f"{_size(CONSTANTS['max_chunk_bytes'])}); chunks are dealt to rails by weight."),
+    Setting("R2CCL_RAIL_WINDOW_BYTES", "rail_window_bytes", int,
             "Unacknowledged bytes one rail may carry (what a failure re-sends at most per rail). Keep "
             "it near the bandwidth-delay product: more only fills switch and qdisc queues, which delays "
             "the acks of traffic in the other direction (measured: 4 MiB cost 12% of all-reduce busbw)."),
-    Setting("R2CCL_CONNS_PER_NIC", "conns_per_nic", int, 1,
+    Setting("R2CCL_CONNS_PER_NIC", "conns_per_nic", int,
             "TCP connections per NIC pair (each is a rail of its own)."),
-    Setting("R2CCL_TIMEOUT", "timeout_s", float, 30.0,
+    Setting("R2CCL_TIMEOUT", "timeout_s", float,
             "Seconds an operation may wait, and how long every rail to a peer may stay down, "
             "before it fails with an error naming the peer."),
-    Setting("R2CCL_BOOTSTRAP_TIMEOUT", "bootstrap_timeout_s", float, 300.0,
-            "Seconds bootstrap waits for every rank to publish its addresses and for rails to come up."),
-    Setting("R2CCL_HEARTBEAT_MS", "heartbeat_ms", int, 100,
+    Setting("R2CCL_BOOTSTRAP_TIMEOUT", "bootstrap_timeout_s", float,
+            "Seconds bootstrap waits for every rank to publish its addresses and for rails to come up.",
+            default=300.0),
+    Setting("R2CCL_HEARTBEAT_MS", "heartbeat_ms", int,
             "Heartbeat period on idle rails."),
-    Setting("R2CCL_HEARTBEAT_MISSES", "heartbeat_misses", int, 3,
+    Setting("R2CCL_HEARTBEAT_MISSES", "heartbeat_misses", int,
             "Heartbeat periods of silence after which a rail is declared failed."),
-    Setting("R2CCL_STALL_MS", "stall_ms", int, 250,
+    Setting("R2CCL_STALL_MS", "stall_ms", int,
             "A rail with unacknowledged chunks and no ack for this long, while a sibling rail "
             "is alive, is declared failed (black-hole detection)."),
-    Setting("R2CCL_REPROBE_MS", "reprobe_ms", int, 200,
+    Setting("R2CCL_REPROBE_MS", "reprobe_ms", int,
             "Period of reconnect attempts on a failed rail (failback)."),
-    Setting("R2CCL_CONNECT_TIMEOUT_MS", "connect_timeout_ms", int, 2000,
+    Setting("R2CCL_CONNECT_TIMEOUT_MS", "connect_timeout_ms", int,
             "Deadline of one connect plus handshake."),
-    Setting("R2CCL_TCP_USER_TIMEOUT_MS", "tcp_user_timeout_ms", int, 5000,
+    Setting("R2CCL_TCP_USER_TIMEOUT_MS", "tcp_user_timeout_ms", int,
             "TCP_USER_TIMEOUT on every connection: the kernel's bound on unacknowledged data."),
-    Setting("R2CCL_SOCKET_BUFFER_BYTES", "socket_buffer_bytes", int, 4 << 20,
+    Setting("R2CCL_SOCKET_BUFFER_BYTES", "socket_buffer_bytes", int,
             "SO_SNDBUF and SO_RCVBUF of every connection (0: kernel default)."),
-    Setting("R2CCL_CRC", "crc", bool, False,
+    Setting("R2CCL_CRC", "crc", bool,
             "CRC32C over every chunk's payload, checked by the receiver."),
-    Setting("R2CCL_BIND_DEVICE", "bind_device", bool, True,
+    Setting("R2CCL_BIND_DEVICE", "bind_device", bool,
             "Also bind sockets to their NIC's device (SO_BINDTODEVICE) where permitted."),
-    Setting("R2CCL_PORT", "port", int, 0,
+    Setting("R2CCL_PORT", "port", int,
             "First listen port (NIC i listens on PORT+i); 0 picks free ports."),
-    Setting("R2CCL_MAX_MESSAGE_BYTES", "max_message_bytes", int, 1 << 36,
+    Setting("R2CCL_MAX_MESSAGE_BYTES", "max_message_bytes", int,
             "Largest message a receiver accepts from the network."),
-    Setting("R2CCL_MONITOR_MS", "monitor_ms", int, 50,
+    Setting("R2CCL_MONITOR_MS", "monitor_ms", int,
             "Sampling period of the health monitor (rail bandwidth, weights, events); 0 turns the "
             "monitor off (link events are then seen only through rail timers)."),
-    Setting("R2CCL_ADAPTIVE_WEIGHTS", "adaptive_weights", bool, True,
+    Setting("R2CCL_ADAPTIVE_WEIGHTS", "adaptive_weights", bool,
             "Rail weights follow each rail's measured delivered bandwidth (with hysteresis), so a "
             "degraded NIC carries only what it can finish in time. Off: every rail weighs 1."),
-    Setting("R2CCL_LINK_HOLDDOWN_MS", "link_holddown_ms", int, 100,
+    Setting("R2CCL_LINK_HOLDDOWN_MS", "link_holddown_ms", int,
             "A NIC whose link comes back up is re-admitted after this long, doubled for every "
             "further link failure in the last 10 s (up to 16x): a flapping link stays out."),
-    Setting("R2CCL_PLAN", "plan", str, "auto",
+    Setting("R2CCL_PLAN", "plan", str,
             "All-reduce plan for large messages: which share each process owns (reduces and sends "
             "back). balance: equal; r2cc: R2CCL's R2CC-AllReduce; weighted: by capacity; optimal: "
             "min-max of the cost model; auto: the model's fastest. Capacities come from the health "
             "monitor and travel with each call, so every process runs the same plan. Results are "
             "bit-identical under every plan. Must be equal on every process."),
-    Setting("R2CCL_SYNC_WAIT_US", "sync_wait_us", int, 1000,
-            "Microseconds XLA's thread waits inside the custom call for a small collective (<= 64 "
-            "KiB) that is the process's only one in flight, so the program continues on that thread "
+    Setting("R2CCL_SYNC_WAIT_US", "sync_wait_us", int,
+            "Microseconds XLA's thread waits inside the custom call for a small collective (<= "
+            f"{_size(CONSTANTS['small_collective_bytes'])}) that is the process's only one in flight, "
+            "so the program continues on that thread "
             "without a hand-over (latency); after that the call completes asynchronously. 0: never wait."),
-    Setting("R2CCL_SECRET", "secret", str, "",
-            "The job secret (hex). Empty: rank 0 makes a random one and shares it at bootstrap."),
-    Setting("R2CCL_DEBUG", "debug", str, "WARN",
-            "Log level of the one logger: ERROR, WARN, INFO or TRACE."),
+    Setting("R2CCL_SECRET", "secret", str,
+            "The job secret (hex). Empty: rank 0 makes a random one and shares it at bootstrap.",
+            default=""),
+    Setting("R2CCL_DEBUG", "debug", str,
+            f"Log level of the one logger: {_one_of(_NAMES['log_levels'])}.",
+            default=_NAMES["log_levels"][_CORE_DEFAULTS["debug_level"]]),
 )
 
 
@@ -108,33 +158,8 @@ def _parse(s: Setting, raw: str) -> Any:
         raise R2cclError(f"{s.env}={raw!r} is not a valid {s.kind.__name__}") from None
 
 
-@dataclasses.dataclass(frozen=True)
-class Config:
-    nics: str = ""
-    transport: str = "socket"
-    chunk_bytes: int = 256 << 10
-    rail_window_bytes: int = 1 << 20
-    conns_per_nic: int = 1
-    timeout_s: float = 30.0
-    bootstrap_timeout_s: float = 300.0
-    heartbeat_ms: int = 100
-    heartbeat_misses: int = 3
-    stall_ms: int = 250
-    reprobe_ms: int = 200
-    connect_timeout_ms: int = 2000
-    tcp_user_timeout_ms: int = 5000
-    socket_buffer_bytes: int = 4 << 20
-    crc: bool = False
-    bind_device: bool = True
-    port: int = 0
-    max_message_bytes: int = 1 << 36
-    monitor_ms: int = 50
-    adaptive_weights: bool = True
-    link_holddown_ms: int = 100
-    plan: str = "auto"
-    sync_wait_us: int = 1000
-    secret: str = ""
-    debug: str = "WARN"
+class _ConfigMethods:
+    """The behaviour of Config; its fields are generated from SETTINGS below."""
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None, **overrides: Any) -> "Config":
@@ -166,7 +191,7 @@ class Config:
             raise R2cclError(f"R2CCL_TRANSPORT={self.transport!r}: only 'socket' is built "
                              "(ibverbs is planned)")
         if self.debug.upper() not in _LEVELS:
-            raise R2cclError(f"R2CCL_DEBUG={self.debug!r}: use ERROR, WARN, INFO or TRACE")
+            raise R2cclError(f"R2CCL_DEBUG={self.debug!r}: use {_one_of(_NAMES['log_levels'])}")
         msg = self.to_core().validate()
         if msg:
             raise R2cclError(msg)
@@ -188,13 +213,21 @@ class Config:
         return b
 
     def to_core(self):
-        from . import _core
         c = _core.Config()
         for s in SETTINGS:
-            if hasattr(c, s.field):
+            if not s.python_only:
                 setattr(c, s.field, getattr(self, s.field))
-        c.debug_level = _LEVELS.get(self.debug.upper(), 1)
+        c.debug_level = _LEVELS.get(self.debug.upper(), _CORE_DEFAULTS["debug_level"])
         return c
+
+
+Config = dataclasses.make_dataclass(
+    "Config", [(s.field, s.kind, dataclasses.field(default=s.default)) for s in SETTINGS],
+    namespace={k: v for k, v in vars(_ConfigMethods).items() if k not in ("__dict__", "__weakref__")},
+    frozen=True)
+Config.__module__ = __name__
+Config.__doc__ = ("Every R2CCL_* setting's value, one frozen field per row of SETTINGS (same name, "
+                  "type and default).")
 
 
 def default_nics() -> list[str]:

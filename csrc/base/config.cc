@@ -7,8 +7,9 @@ std::string Config::validate() const {
   auto bad = [](const char* name, const std::string& why) {
     return std::string(name) + " " + why;
   };
-  if (chunk_bytes < 1024 || chunk_bytes > (64ull << 20))
-    return bad("R2CCL_CHUNK_BYTES", "must be between 1024 and 67108864");
+  if (chunk_bytes < kChunkBytesMin || chunk_bytes > kChunkBytesMax)
+    return bad("R2CCL_CHUNK_BYTES",
+               "must be between " + std::to_string(kChunkBytesMin) + " and " + std::to_string(kChunkBytesMax));
   if (rail_window_bytes < chunk_bytes)
     return bad("R2CCL_RAIL_WINDOW_BYTES", "must be at least R2CCL_CHUNK_BYTES");
   if (conns_per_nic < 1 || conns_per_nic > 16) return bad("R2CCL_CONNS_PER_NIC", "must be 1..16");
@@ -24,8 +25,6 @@ std::string Config::validate() const {
   if (max_message_bytes < 1) return bad("R2CCL_MAX_MESSAGE_BYTES", "must be >= 1");
   if (monitor_ms < 0 || monitor_ms > 60000) return bad("R2CCL_MONITOR_MS", "must be 0..60000");
   if (link_holddown_ms < 0 || link_holddown_ms > 600000) return bad("R2CCL_LINK_HOLDDOWN_MS", "must be 0..600000");
-  if (plan != "auto" && plan != "balance" && plan != "r2cc" && plan != "weighted" && plan != "optimal")
-    return bad("R2CCL_PLAN", "must be auto, balance, r2cc, weighted or optimal");
   if (sync_wait_us < 0 || sync_wait_us > 1000000) return bad("R2CCL_SYNC_WAIT_US", "must be 0..1000000");
   return {};
 }

@@ -1,11 +1,18 @@
-// The one configuration struct of the C++ core. Its fields mirror jax_r2ccl/config.py
-// (the R2CCL_* settings); Python fills it and hands it over when an endpoint opens.
-// Knows nothing of sockets, collectives or JAX.
+// The one configuration struct of the C++ core and the source of its defaults: Python
+// reads them back (_core.config_defaults()) for jax_r2ccl/config.py's R2CCL_* settings,
+// fills the struct and hands it over when an endpoint opens. tests/test_parity.py checks
+// that both sides name the same fields. Knows nothing of sockets, collectives or JAX.
 #pragma once
 #include <cstdint>
 #include <string>
 
 namespace r2ccl {
+
+// Bounds of R2CCL_CHUNK_BYTES. The maximum is also the receiver's cap on one frame's payload
+// (a sender never cuts a chunk larger than its chunk_bytes), so the two must move together.
+// Exported to Python as _core.constants().
+inline constexpr uint64_t kChunkBytesMin = 1024;
+inline constexpr uint64_t kChunkBytesMax = 64ull << 20;
 
 struct Config {
   uint64_t chunk_bytes = 256 << 10;          // R2CCL_CHUNK_BYTES: payload bytes per data frame
@@ -26,11 +33,12 @@ struct Config {
   int monitor_ms = 50;                       // R2CCL_MONITOR_MS: health monitor sampling period (0: no monitor)
   bool adaptive_weights = true;              // R2CCL_ADAPTIVE_WEIGHTS: rail weights follow measured bandwidth
   int link_holddown_ms = 100;                // R2CCL_LINK_HOLDDOWN_MS: a NIC back up waits this long (x2 per recent flap)
-  std::string plan = "auto";                 // R2CCL_PLAN: all-reduce plan (auto, balance, r2cc, weighted, optimal)
+  std::string plan = "auto";                 // R2CCL_PLAN: all-reduce plan (coll::kPlanNames; checked there)
   int sync_wait_us = 1000;                   // R2CCL_SYNC_WAIT_US: XLA's thread waits this long for a lone small collective
   int debug_level = 1;                       // R2CCL_DEBUG: 0 ERROR, 1 WARN, 2 INFO, 3 TRACE
 
   // Returns an empty string when every field is in range, else a sentence naming the field.
+  // The plan's name is not checked here: its names belong to coll/ (coll::plan_setting_error).
   std::string validate() const;
 };
 

@@ -1,6 +1,7 @@
 // The one error type: a cause, the peer it concerns (-1: none) and a sentence.
 // Every failure that reaches Python is one of these. Knows nothing above base/.
 #pragma once
+#include <iterator>
 #include <stdexcept>
 #include <string>
 
@@ -16,6 +17,13 @@ enum class Cause {
   kSystem,           // an operating-system call failed
   kClosed,           // the endpoint was closed while the operation was pending
 };
+
+// Python's names of the causes (R2cclError.cause), in enum order: the one list, exported
+// by _core.names() so jax_r2ccl/errors.py and the parity test read the same names.
+inline constexpr const char* kCauseNames[] = {
+    "invalid_argument", "timeout", "all_rails_down", "peer_gone", "protocol", "mismatch", "system", "closed",
+};
+static_assert(std::size(kCauseNames) == static_cast<size_t>(Cause::kClosed) + 1, "a Cause without a name");
 
 const char* cause_name(Cause c);
 

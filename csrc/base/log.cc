@@ -19,10 +19,9 @@ void log_set_rank(int rank) { g_rank.store(rank); }
 bool log_enabled(LogLevel level) { return static_cast<int>(level) <= g_level.load(std::memory_order_relaxed); }
 
 void log_write(LogLevel level, const char* fmt, ...) {
-  static const char* names[] = {"ERROR", "WARN", "INFO", "TRACE"};
   char buf[1024];
   int n = std::snprintf(buf, sizeof buf, "[r2ccl %d %.3f %s] ", g_rank.load(), unix_time_s(),
-                        names[static_cast<int>(level)]);
+                        kLogLevelNames[static_cast<int>(level)]);
   va_list ap;
   va_start(ap, fmt);
   int m = std::vsnprintf(buf + n, sizeof buf - n - 1, fmt, ap);

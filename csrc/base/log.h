@@ -2,11 +2,16 @@
 // prefixed with the rank. Knows nothing above base/.
 #pragma once
 #include <cstdint>
+#include <iterator>
 #include <string>
 
 namespace r2ccl {
 
 enum class LogLevel { kError = 0, kWarn = 1, kInfo = 2, kTrace = 3 };
+// The level names R2CCL_DEBUG accepts, in enum order (Config::debug_level is the index);
+// exported by _core.names() for jax_r2ccl/config.py.
+inline constexpr const char* kLogLevelNames[] = {"ERROR", "WARN", "INFO", "TRACE"};
+static_assert(std::size(kLogLevelNames) == static_cast<size_t>(LogLevel::kTrace) + 1, "a LogLevel without a name");
 
 void log_set_level(int level);
 void log_set_rank(int rank);

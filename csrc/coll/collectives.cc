@@ -19,14 +19,17 @@
 namespace r2ccl::coll {
 
 const char* kind_name(Kind k) {
-  switch (k) {
-    case Kind::kAllReduce: return "all_reduce";
-    case Kind::kReduceScatter: return "reduce_scatter";
-    case Kind::kAllGather: return "all_gather";
-    case Kind::kAllToAll: return "all_to_all";
-    case Kind::kBroadcast: return "broadcast";
-  }
-  return "?";
+  const auto i = static_cast<size_t>(k);
+  return i < std::size(kKindNames) ? kKindNames[i] : "?";
+}
+
+bool parse_kind(const std::string& name, Kind* out) {
+  for (size_t i = 0; i < std::size(kKindNames); i++)
+    if (name == kKindNames[i]) {
+      *out = static_cast<Kind>(i);
+      return true;
+    }
+  return false;
 }
 
 uint64_t output_count(Kind k, uint64_t count, int n) {

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <iterator>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -28,7 +29,17 @@
 namespace r2ccl::coll {
 
 enum class Kind : int { kAllReduce = 0, kReduceScatter, kAllGather, kAllToAll, kBroadcast };
+// The kinds' names in enum order: the one list. The FFI attribute `kind` is the index, so
+// jax_r2ccl's lowering and host collectives read it from _core.names() instead of a copy.
+inline constexpr const char* kKindNames[] = {"all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast"};
+static_assert(std::size(kKindNames) == static_cast<size_t>(Kind::kBroadcast) + 1, "a Kind without a name");
 const char* kind_name(Kind k);
+bool parse_kind(const std::string& name, Kind* out);   // inverse of kind_name; false when unknown
+
+// Collectives of at most this many bytes are small: they exchange everything in one step
+// (latency rules, not bandwidth) and XLA's thread may wait for them (R2CCL_SYNC_WAIT_US).
+// Exported to Python as _core.constants()["small_collective_bytes"] for the settings' docs.
+inline constexpr uint64_t kSmallCollectiveBytes = 64 << 10;
 
 // One process's part of one collective.
 struct ProcessCall {
@@ -65,7 +76,7 @@ struct PlanRecord {
 
 struct CollectiveOptions {
   uint64_t piece_bytes = 1 << 20;        // pipelining unit of large reductions
-  uint64_t small_bytes = 64 << 10;       // at or below: one-step exchange (latency)
+  uint64_t small_bytes = kSmallCollectiveBytes;  // at or below: one-step exchange (latency)
   PlanKind plan = PlanKind::kAuto;       // R2CCL_PLAN
 };
 

@@ -18,23 +18,26 @@ std::vector<double> clamp_capacities(const std::vector<double>& c) {
 }  // namespace
 
 const char* plan_name(PlanKind k) {
-  switch (k) {
-    case PlanKind::kAuto: return "auto";
-    case PlanKind::kBalance: return "balance";
-    case PlanKind::kR2cc: return "r2cc";
-    case PlanKind::kWeighted: return "weighted";
-    case PlanKind::kOptimal: return "optimal";
-  }
-  return "?";
+  const auto i = static_cast<size_t>(k);
+  return i < std::size(kPlanNames) ? kPlanNames[i] : "?";
 }
 
 bool parse_plan(const std::string& s, PlanKind* out) {
-  for (PlanKind k : {PlanKind::kAuto, PlanKind::kBalance, PlanKind::kR2cc, PlanKind::kWeighted, PlanKind::kOptimal})
-    if (s == plan_name(k)) {
-      *out = k;
+  for (size_t i = 0; i < std::size(kPlanNames); i++)
+    if (s == kPlanNames[i]) {
+      *out = static_cast<PlanKind>(i);
       return true;
     }
   return false;
+}
+
+std::string plan_setting_error(const std::string& plan) {
+  PlanKind k;
+  if (parse_plan(plan, &k)) return {};
+  std::string all;
+  for (size_t i = 0; i < std::size(kPlanNames); i++)
+    all += std::string(i == 0 ? "" : i + 1 == std::size(kPlanNames) ? " or " : ", ") + kPlanNames[i];
+  return "R2CCL_PLAN must be " + all;
 }
 
 std::vector<double> plan_shares(PlanKind k, const std::vector<double>& c_in) {

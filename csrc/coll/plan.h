@@ -6,15 +6,23 @@
 // Knows nothing of sockets or JAX.
 #pragma once
 #include <cstdint>
+#include <iterator>
 #include <string>
 #include <vector>
 
 namespace r2ccl::coll {
 
 enum class PlanKind : int { kAuto = 0, kBalance, kR2cc, kWeighted, kOptimal };
+// The plans' names in enum order: the one list (R2CCL_PLAN's values), exported by
+// _core.names() for the bench's --plan and the simulator.
+inline constexpr const char* kPlanNames[] = {"auto", "balance", "r2cc", "weighted", "optimal"};
+static_assert(std::size(kPlanNames) == static_cast<size_t>(PlanKind::kOptimal) + 1, "a PlanKind without a name");
 const char* plan_name(PlanKind k);
-// "auto", "balance", "r2cc", "weighted", "optimal"; false when unknown.
+// Inverse of plan_name; false when unknown.
 bool parse_plan(const std::string& s, PlanKind* out);
+// R2CCL_PLAN's check, which Config::validate leaves to this layer (base/ does not know the
+// plans): empty when `plan` names one, else a sentence naming the setting and every plan.
+std::string plan_setting_error(const std::string& plan);
 
 struct PlanChoice {
   PlanKind kind = PlanKind::kBalance;   // never kAuto

@@ -482,44 +482,40 @@ void dispatch_bool(ReduceOp op, void* out, const void* a, const void* b, size_t 
   }
 }
 
-struct DTypeInfo {
-  DType t;
-  const char* name;
-  size_t size;
-};
-constexpr DTypeInfo kDTypes[] = {
-    {DType::kF32, "float32", 4}, {DType::kF64, "float64", 8}, {DType::kF16, "float16", 2},
-    {DType::kBF16, "bfloat16", 2}, {DType::kI8, "int8", 1},     {DType::kU8, "uint8", 1},
-    {DType::kI32, "int32", 4},   {DType::kU32, "uint32", 4},   {DType::kI64, "int64", 8},
-    {DType::kU64, "uint64", 8},  {DType::kBool, "bool", 1},
-};
-constexpr size_t kNumDTypes = sizeof(kDTypes) / sizeof(kDTypes[0]);
+// Element sizes in DType order (the names are kDTypeNames in reduce.h).
+constexpr size_t kDTypeSizes[] = {4, 8, 2, 2, 1, 1, 4, 4, 8, 8, 1};
+static_assert(std::size(kDTypeSizes) == std::size(kDTypeNames), "a DType without a size");
 
 inline bool valid(DType t) {
   const int i = static_cast<int>(t);
-  return i >= 0 && static_cast<size_t>(i) < kNumDTypes;
+  return i >= 0 && static_cast<size_t>(i) < std::size(kDTypeSizes);
 }
 
 }  // namespace
 
-size_t dtype_size(DType t) { return valid(t) ? kDTypes[static_cast<int>(t)].size : 0; }
+size_t dtype_size(DType t) { return valid(t) ? kDTypeSizes[static_cast<int>(t)] : 0; }
 
-const char* dtype_name(DType t) { return valid(t) ? kDTypes[static_cast<int>(t)].name : "unknown"; }
+const char* dtype_name(DType t) { return valid(t) ? kDTypeNames[static_cast<int>(t)] : "unknown"; }
 
 const char* reduce_op_name(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::kSum: return "sum";
-    case ReduceOp::kProd: return "prod";
-    case ReduceOp::kMin: return "min";
-    case ReduceOp::kMax: return "max";
-  }
-  return "unknown";
+  const auto i = static_cast<size_t>(op);
+  return i < std::size(kReduceOpNames) ? kReduceOpNames[i] : "unknown";
 }
 
 bool parse_dtype(const std::string& name, DType* out) {
-  for (const auto& d : kDTypes) {
-    if (name == d.name) {
-      if (out) *out = d.t;
+  for (size_t i = 0; i < std::size(kDTypeNames); i++) {
+    if (name == kDTypeNames[i]) {
+      if (out) *out = static_cast<DType>(i);
+      return true;
+    }
+  }
+  return false;
+}
+
+bool parse_reduce_op(const std::string& name, ReduceOp* out) {
+  for (size_t i = 0; i < std::size(kReduceOpNames); i++) {
+    if (name == kReduceOpNames[i]) {
+      if (out) *out = static_cast<ReduceOp>(i);
       return true;
     }
   }

@@ -4,6 +4,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <iterator>
 #include <string>
 
 namespace r2ccl::coll {
@@ -11,11 +12,19 @@ namespace r2ccl::coll {
 enum class DType : int { kF32 = 0, kF64, kF16, kBF16, kI8, kU8, kI32, kU32, kI64, kU64, kBool };
 enum class ReduceOp : int { kSum = 0, kProd, kMin, kMax };
 
+// The names in enum order (numpy's dtype names; jax.lax's reductions): the one list of each,
+// exported by _core.names(). The FFI attribute `reduce_op` is the index into kReduceOpNames.
+inline constexpr const char* kDTypeNames[] = {"float32", "float64", "float16", "bfloat16", "int8", "uint8",
+                                              "int32",   "uint32",  "int64",   "uint64",   "bool"};
+inline constexpr const char* kReduceOpNames[] = {"sum", "prod", "min", "max"};
+static_assert(std::size(kDTypeNames) == static_cast<size_t>(DType::kBool) + 1, "a DType without a name");
+static_assert(std::size(kReduceOpNames) == static_cast<size_t>(ReduceOp::kMax) + 1, "a ReduceOp without a name");
+
 size_t dtype_size(DType t);
-const char* dtype_name(DType t);          // "float32", "float64", "float16", "bfloat16", "int8", "uint8",
-                                          // "int32", "uint32", "int64", "uint64", "bool"
-const char* reduce_op_name(ReduceOp op);  // "sum", "prod", "min", "max"
-bool parse_dtype(const std::string& name, DType* out);  // inverse of dtype_name
+const char* dtype_name(DType t);
+const char* reduce_op_name(ReduceOp op);
+bool parse_dtype(const std::string& name, DType* out);        // inverse of dtype_name
+bool parse_reduce_op(const std::string& name, ReduceOp* out);  // inverse of reduce_op_name
 
 // acc[i] = acc[i] (op) src[i] for i < count, in the element type (acc on the left).
 //

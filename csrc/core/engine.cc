@@ -55,7 +55,7 @@ Engine::Engine(const Config& cfg, int rank, int world, const std::vector<std::st
   sockopt_.buffer_bytes = cfg.socket_buffer_bytes;
   sockopt_.user_timeout_ms = cfg.tcp_user_timeout_ms;
   sockopt_.bind_device = cfg.bind_device;
-  limits_.max_chunk_bytes = 64ull << 20;
+  limits_.max_chunk_bytes = kChunkBytesMax;   // no valid chunk_bytes cuts a larger chunk
   limits_.max_message_bytes = cfg.max_message_bytes;
   scratch_.resize(256 << 10);
   tp_ = make_socket_transport();

@@ -22,8 +22,9 @@ namespace xffi = xla::ffi;
 namespace r2ccl::ffi {
 namespace {
 
-// Collectives up to this size may be waited for on XLA's thread (R2CCL_SYNC_WAIT_US).
-constexpr uint64_t kSyncWaitMaxBytes = 64 << 10;
+// Collectives up to this size may be waited for on XLA's thread (R2CCL_SYNC_WAIT_US): the
+// small ones, which the executor finishes in one step.
+constexpr uint64_t kSyncWaitMaxBytes = coll::kSmallCollectiveBytes;
 
 // Who completes a call's future: XLA's thread, while it still waits in the handler, or the
 // completion pool afterwards.

@@ -1,6 +1,8 @@
 // Python bindings of the transport (jax_r2ccl._core): endpoints, requests over numpy
 // buffers, per-rail counters and software fault injection. Errors become
-// jax_r2ccl.errors.R2cclError with .cause and .peer. Knows nothing of sockets.
+// jax_r2ccl.errors.R2cclError with .cause and .peer. Also the core's vocabulary for Python,
+// so that nothing is written twice: Config's defaults (config_defaults), the enums' names
+// (names) and the sizes settings refer to (constants). Knows nothing of sockets.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/shared_ptr.h>
@@ -12,6 +14,8 @@
 #include "base/error.h"
 #include "base/log.h"
 #include "coll/collectives.h"
+#include "coll/plan.h"
+#include "coll/reduce.h"
 #include "coll/runtime.h"
 #include "monitor/monitor.h"
 #include "ffi/handlers.h"
@@ -48,6 +52,21 @@ Fault parse_fault(const std::string& f) {
 }
 
 using Buffer = nb::ndarray<nb::c_contig, nb::device::cpu>;
+
+// Binds one Config field and records its default, so the list of fields below is the only
+// one: what Python can set is exactly what config_defaults() reports.
+template <class T>
+void config_field(nb::class_<Config>& cls, nb::dict& defaults, const char* name, T Config::*member) {
+  cls.def_rw(name, member);
+  defaults[name] = Config{}.*member;
+}
+
+template <size_t N>
+nb::list name_list(const char* const (&names)[N]) {
+  nb::list out;
+  for (const char* n : names) out.append(n);
+  return out;
+}
 
 }  // namespace
 
@@ -90,30 +109,60 @@ NB_MODULE(_core, m) {
     }
   });
 
-  nb::class_<Config>(m, "Config")
-      .def(nb::init<>())
-      .def_rw("chunk_bytes", &Config::chunk_bytes)
-      .def_rw("rail_window_bytes", &Config::rail_window_bytes)
-      .def_rw("conns_per_nic", &Config::conns_per_nic)
-      .def_rw("timeout_s", &Config::timeout_s)
-      .def_rw("heartbeat_ms", &Config::heartbeat_ms)
-      .def_rw("heartbeat_misses", &Config::heartbeat_misses)
-      .def_rw("stall_ms", &Config::stall_ms)
-      .def_rw("reprobe_ms", &Config::reprobe_ms)
-      .def_rw("connect_timeout_ms", &Config::connect_timeout_ms)
-      .def_rw("tcp_user_timeout_ms", &Config::tcp_user_timeout_ms)
-      .def_rw("socket_buffer_bytes", &Config::socket_buffer_bytes)
-      .def_rw("crc", &Config::crc)
-      .def_rw("bind_device", &Config::bind_device)
-      .def_rw("port", &Config::port)
-      .def_rw("max_message_bytes", &Config::max_message_bytes)
-      .def_rw("monitor_ms", &Config::monitor_ms)
-      .def_rw("adaptive_weights", &Config::adaptive_weights)
-      .def_rw("link_holddown_ms", &Config::link_holddown_ms)
-      .def_rw("plan", &Config::plan)
-      .def_rw("sync_wait_us", &Config::sync_wait_us)
-      .def_rw("debug_level", &Config::debug_level)
-      .def("validate", &Config::validate);
+  nb::class_<Config> config_cls(m, "Config");
+  nb::dict config_defaults;
+  config_cls.def(nb::init<>());
+  config_field(config_cls, config_defaults, "chunk_bytes", &Config::chunk_bytes);
+  config_field(config_cls, config_defaults, "rail_window_bytes", &Config::rail_window_bytes);
+  config_field(config_cls, config_defaults, "conns_per_nic", &Config::conns_per_nic);
+  config_field(config_cls, config_defaults, "timeout_s", &Config::timeout_s);
+  config_field(config_cls, config_defaults, "heartbeat_ms", &Config::heartbeat_ms);
+  config_field(config_cls, config_defaults, "heartbeat_misses", &Config::heartbeat_misses);
+  config_field(config_cls, config_defaults, "stall_ms", &Config::stall_ms);
+  config_field(config_cls, config_defaults, "reprobe_ms", &Config::reprobe_ms);
+  config_field(config_cls, config_defaults, "connect_timeout_ms", &Config::connect_timeout_ms);
+  config_field(config_cls, config_defaults, "tcp_user_timeout_ms", &Config::tcp_user_timeout_ms);
+  config_field(config_cls, config_defaults, "socket_buffer_bytes", &Config::socket_buffer_bytes);
+  config_field(config_cls, config_defaults, "crc", &Config::crc);
+  config_field(config_cls, config_defaults, "bind_device", &Config::bind_device);
+  config_field(config_cls, config_defaults, "port", &Config::port);
+  config_field(config_cls, config_defaults, "max_message_bytes", &Config::max_message_bytes);
+  config_field(config_cls, config_defaults, "monitor_ms", &Config::monitor_ms);
+  config_field(config_cls, config_defaults, "adaptive_weights", &Config::adaptive_weights);
+  config_field(config_cls, config_defaults, "link_holddown_ms", &Config::link_holddown_ms);
+  config_field(config_cls, config_defaults, "plan", &Config::plan);
+  config_field(config_cls, config_defaults, "sync_wait_us", &Config::sync_wait_us);
+  config_field(config_cls, config_defaults, "debug_level", &Config::debug_level);
+  // Config::validate checks ranges; the plan's name is checked by coll/, which owns the names.
+  config_cls.def("validate", [](const Config& c) {
+    std::string bad = c.validate();
+    return bad.empty() ? coll::plan_setting_error(c.plan) : bad;
+  });
+  m.def("config_defaults", [config_defaults] { return config_defaults.attr("copy")(); },
+        "Every Config field's default, from a default-constructed r2ccl::Config.");
+  m.def(
+      "names",
+      [] {
+        nb::dict d;
+        d["kinds"] = name_list(coll::kKindNames);
+        d["reduce_ops"] = name_list(coll::kReduceOpNames);
+        d["dtypes"] = name_list(coll::kDTypeNames);
+        d["plans"] = name_list(coll::kPlanNames);
+        d["causes"] = name_list(kCauseNames);
+        d["log_levels"] = name_list(kLogLevelNames);
+        return d;
+      },
+      "The names of the core's enums, each list in enum order (a name's index is its value).");
+  m.def(
+      "constants",
+      [] {
+        nb::dict d;
+        d["small_collective_bytes"] = coll::kSmallCollectiveBytes;
+        d["min_chunk_bytes"] = kChunkBytesMin;
+        d["max_chunk_bytes"] = kChunkBytesMax;
+        return d;
+      },
+      "Sizes that settings and their docs refer to.");
 
   nb::class_<PyRequest>(m, "Request")
       .def("wait", &PyRequest::wait, nb::arg("timeout") = -1.0,
@@ -278,20 +327,12 @@ NB_MODULE(_core, m) {
              const std::string& what, const std::string& plan) {
             coll::ProcessCall c;
             c.plan = plan;
-            static const char* kinds[] = {"all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast"};
-            int k = -1;
-            for (int i = 0; i < 5; i++)
-              if (kind == kinds[i]) k = i;
-            if (k < 0) throw Error(Cause::kInvalidArgument, -1, "unknown collective '" + kind + "'");
-            c.kind = static_cast<coll::Kind>(k);
+            if (!coll::parse_kind(kind, &c.kind))
+              throw Error(Cause::kInvalidArgument, -1, "unknown collective '" + kind + "'");
             if (!coll::parse_dtype(dtype, &c.dtype))
               throw Error(Cause::kInvalidArgument, -1, "unsupported dtype '" + dtype + "'");
-            static const char* ops[] = {"sum", "prod", "min", "max"};
-            int o = -1;
-            for (int i = 0; i < 4; i++)
-              if (op == ops[i]) o = i;
-            if (o < 0) throw Error(Cause::kInvalidArgument, -1, "unknown reduction '" + op + "'");
-            c.op = static_cast<coll::ReduceOp>(o);
+            if (!coll::parse_reduce_op(op, &c.op))
+              throw Error(Cause::kInvalidArgument, -1, "unknown reduction '" + op + "'");
             c.root = root;
             c.tag = tag;
             c.process_of_rank = process_of_rank;

@@ -52,27 +52,40 @@ import itertools
 import numpy as np
 
 from . import runtime
+from .. import _core
 from ..errors import R2cclError
 from .._compat import jaxapi
 from .._compat.jaxapi import hlo, ir, mlir
 
-KIND = {"all_reduce": 0, "reduce_scatter": 1, "all_gather": 2, "all_to_all": 3, "broadcast": 4}
-REDUCE = {"sum": 0, "prod": 1, "min": 2, "max": 3}
-SUPPORTED_DTYPES = frozenset(np.dtype(d) for d in (
-    "float32", "float64", "float16", "int8", "uint8", "int32", "uint32", "int64", "uint64", "bool"))
+# The custom call's `kind` and `reduce_op` attributes are indices into the core's enums, so
+# they are read from the core's own name lists (csrc/coll), never written out here.
+_NAMES = _core.names()
+KIND = {name: i for i, name in enumerate(_NAMES["kinds"])}
+REDUCE = {name: i for i, name in enumerate(_NAMES["reduce_ops"])}
+DTYPE_NAMES = tuple(_NAMES["dtypes"])
+
+
+def _np_dtype(name: str) -> np.dtype:
+    try:
+        return np.dtype(name)
+    except TypeError:   # bfloat16: numpy knows it only through ml_dtypes (a dependency of jax)
+        import ml_dtypes
+        return np.dtype(getattr(ml_dtypes, name))
+
+
+SUPPORTED_DTYPES = frozenset(_np_dtype(d) for d in DTYPE_NAMES)
 _OPID_KEY = ("jax_r2ccl", "op_id_counter")
 
 
 def _supported(dtype) -> bool:
-    dt = np.dtype(dtype)
-    return dt in SUPPORTED_DTYPES or dt.name == "bfloat16"
+    return np.dtype(dtype).name in DTYPE_NAMES
 
 
 def check_dtype(dtype, what: str) -> None:
     """Trace-time dtype check (the custom call would only fail at run time)."""
     if not _supported(dtype):
-        raise R2cclError(f"{what}: dtype {np.dtype(dtype).name} is not supported by jax_r2ccl (supported: float32, "
-                         f"float64, float16, bfloat16, int8, uint8, int32, uint32, int64, uint64, bool)")
+        raise R2cclError(f"{what}: dtype {np.dtype(dtype).name} is not supported by jax_r2ccl (supported: "
+                         f"{', '.join(DTYPE_NAMES)})")
 
 
 def as_axes(axis_name) -> tuple:

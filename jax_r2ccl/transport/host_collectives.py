@@ -15,10 +15,12 @@ from .. import _core
 from ..errors import R2cclError
 from .endpoint import Endpoint
 
-KINDS = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast")
-OPS = ("sum", "prod", "min", "max")
-DTYPES = ("float32", "float64", "float16", "bfloat16", "int8", "uint8", "int32", "uint32", "int64", "uint64",
-          "bool")
+# What the executor accepts, by the core's own names (csrc/coll), so a new kind, reduction or
+# dtype there is one here.
+_NAMES = _core.names()
+KINDS = tuple(_NAMES["kinds"])
+OPS = tuple(_NAMES["reduce_ops"])
+DTYPES = tuple(_NAMES["dtypes"])
 
 
 def output_count(kind: str, count: int, n_ranks: int) -> int:

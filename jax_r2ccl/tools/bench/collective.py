@@ -32,7 +32,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fault-at", type=float, default=None, metavar="S",
                    help="process 0 runs --fault-cmd this long after the largest size's timed loop starts")
     p.add_argument("--fault-cmd", default=None, metavar="CMD", help="shell command for --fault-at")
-    p.add_argument("--plan", default=None, choices=("auto", "balance", "r2cc", "weighted", "optimal"),
+    from ... import _core   # the planner's names (csrc/coll/plan.h), not a copy
+    p.add_argument("--plan", default=None, choices=tuple(_core.names()["plans"]),
                    help="all-reduce plan (sets R2CCL_PLAN; the same on every process); the JSON records the "
                         "plan each call ran with and every process's capacity")
     p.add_argument("--link-rate", type=float, default=None, metavar="BYTES_PER_S",

@@ -7,10 +7,12 @@ from __future__ import annotations
 import argparse
 import json
 
+from ... import _core
 from .cluster import Cluster, parse_rate
 from .costs import allreduce_seconds
 
-PLANS = ("balance", "r2cc", "weighted", "optimal", "auto")
+# The planner's own plans (csrc/coll/plan.h), auto last: it picks among the others.
+PLANS = tuple(p for p in _core.names()["plans"] if p != "auto") + ("auto",)
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
