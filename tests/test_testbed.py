@@ -124,16 +124,19 @@ def test_link_events_move_traffic_off_at_once_and_back_after_heal(bed):
 
 
 def test_black_hole_is_left_within_300_ms(bed):
-    """Link up, nothing passes: the rail is failed by its stall timer while its siblings
-    progress, and its chunks move; bit-exact."""
+    """Link up, nothing passes: the rail is failed within 300 ms and its chunks move; bit-exact.
+    Which timer fires depends on what the rail held when the hole opened: with bytes in flight,
+    the stall timer (R2CCL_STALL_MS, 250 ms, while its siblings progress); idle (between two of
+    the transfers), there is nothing unacknowledged to stall on and the heartbeat silence
+    (3 x 100 ms) fails it."""
     res = run_monitored(bed, nbytes=32 << 20, iters=10,
                         steps=[(0.4, 0, "cmd", tb("blackhole", 1, 2)),
                                (1.6, 0, "cmd", tb("degrade", 1, 2, "base"))])
     r0, r1 = res[0]["result"], res[1]["result"]
     assert r1["wrong"] == 0
     hole = r0["steps"][0]
-    failed = [e for e in r0["events"] if e["kind"] == "rail_failed" and e["rail"] == 2]
-    assert failed and "stalled" in failed[0]["detail"], r0["events"]
+    failed = [e for e in r0["events"] if e["kind"] == "rail_failed" and e["rail"] == 2 and e["time"] >= hole["t0_unix"]]
+    assert failed and ("stalled" in failed[0]["detail"] or "heartbeats missed" in failed[0]["detail"]), r0["events"]
     tx = [b for t, b in _rail_tx(r0["timeline"], 2) if hole["t1"] + 0.30 + 0.05 <= t <= r0["steps"][1]["t0"]]
     assert tx and max(tx) == min(tx), tx
 

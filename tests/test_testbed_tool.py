@@ -207,20 +207,25 @@ def test_command_runs_the_file_by_path():
 
 # ------------------------------------------------------------------------------- 2 hosts x 2 NICs
 
+def bed_with_servers(hosts: int):
+    """A bed of `hosts` x 2 NICs with an echo server on every host, torn down afterwards."""
+    wait_no_foreign_bed()
+    try:
+        st = tb.up(hosts, 2, RATE)
+        servers = start_servers(hosts)
+        try:
+            yield st
+        finally:
+            stop(servers)
+    finally:
+        tb.down()
+
+
 @needs_bed
 class TestTwoHosts:
     @pytest.fixture(scope="class")
     def bed(self):
-        wait_no_foreign_bed()
-        try:
-            st = tb.up(2, 2, RATE)
-            servers = start_servers(2)
-            try:
-                yield st
-            finally:
-                stop(servers)
-        finally:
-            tb.down()
+        yield from bed_with_servers(2)
 
     def test_layout_addresses_and_shaping(self, bed):
         assert bed["hosts"] == 2 and bed["nics"] == 2 and bed["rate"] == RATE
@@ -330,16 +335,7 @@ class TestTwoHosts:
 class TestSwitch:
     @pytest.fixture(scope="class")
     def bed(self):
-        wait_no_foreign_bed()
-        try:
-            st = tb.up(3, 2, RATE)
-            servers = start_servers(3)
-            try:
-                yield st
-            finally:
-                stop(servers)
-        finally:
-            tb.down()
+        yield from bed_with_servers(3)
 
     def test_switch_layout_and_reach(self, bed):
         assert tb.namespaces() == ["r3h0", "r3h1", "r3h2", "r3sw"]

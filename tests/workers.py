@@ -512,7 +512,7 @@ def monitored_transfer(ep, rank, world, nbytes, iters, rate=None, steps=(), samp
             elif action == "cmd":
                 subprocess.run(arg, shell=True, check=True, timeout=30)
             step_log.append({"action": action, "arg": arg, "t0": t0 - t_start, "t1": time.time() - t_start,
-                             "t1_unix": time.time()})
+                             "t0_unix": t0, "t1_unix": time.time()})
 
     threads = [threading.Thread(target=sampler, daemon=True), threading.Thread(target=run_steps, daemon=True)]
     for t in threads:

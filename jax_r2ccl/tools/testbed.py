@@ -1,6 +1,5 @@
 """`jax-r2ccl testbed`: the network test bed -- several "hosts" with several "NICs" each on
-one Linux machine, from network namespaces, veth pairs, bridges and tbf rate limits. Standard
-library only: this file must not import jax, jax_r2ccl._core or any other part of the package.
+one Linux machine, from network namespaces, veth pairs, bridges and tbf rate limits.
 
   up HOSTS NICS RATE           build a bed (first tears down any previous bed of ours); waits
                                until every NIC has carrier; RATE like 500mbit, 1gbit, 100kbit;
@@ -43,6 +42,8 @@ degrade(host, nic, rate_or_base), status() -> dict, run_prefix(host) -> argv pre
 a command as that host, command(*args) -> argv that runs a subcommand of this file,
 why_unavailable() -> None or the reason the bed cannot be built here."""
 
+# Standard library only: this file must not import jax, jax_r2ccl._core or any other part of
+# the package (it runs by path, as root, inside and outside the bed's namespaces).
 from __future__ import annotations
 
 import argparse
@@ -277,6 +278,13 @@ def _has_carrier(link: dict) -> bool:
     return "LOWER_UP" in link.get("flags", [])
 
 
+def _ready(link: dict) -> bool:
+    """Carrier and an operational state of UP: the kernel sets operstate a moment after
+    carrier (linkwatch), and programs that read link state (the health monitor among them)
+    must find every NIC up when `up` returns."""
+    return _has_carrier(link) and link.get("operstate") == "UP"
+
+
 def _hosts_file(hosts: int, state: str | None = None) -> str:
     """The private /etc/hosts of the hosts of an r<hosts> bed (written when missing)."""
     path = os.path.join(_state_dir(state), f"etc-hosts.r{hosts}")
@@ -397,7 +405,7 @@ def up(hosts, nics, rate, *, burst: str | None = None, latency: str | None = Non
         deadline = time.monotonic() + max(0.0, float(carrier_timeout_s))
         while True:
             missing = [f"{ns}/{link['ifname']}" for ns in hns for link in _links(ns)
-                       if link.get("ifname", "").startswith("nic") and not _has_carrier(link)]
+                       if link.get("ifname", "").startswith("nic") and not _ready(link)]
             if not missing:
                 break
             if time.monotonic() >= deadline:
