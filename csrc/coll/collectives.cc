@@ -3,6 +3,7 @@
 // order, and the sends that follow a reduction. The executor thread steps every Op whenever
 // a message finishes. Knows nothing of sockets, rails or JAX.
 #include "coll/collectives.h"
+#include "base/enum_names.h"
 
 #include <algorithm>
 #include <atomic>
@@ -18,19 +19,9 @@
 
 namespace r2ccl::coll {
 
-const char* kind_name(Kind k) {
-  const auto i = static_cast<size_t>(k);
-  return i < std::size(kKindNames) ? kKindNames[i] : "?";
-}
+const char* kind_name(Kind k) { return enum_name(kKindNames, k, "?"); }
 
-bool parse_kind(const std::string& name, Kind* out) {
-  for (size_t i = 0; i < std::size(kKindNames); i++)
-    if (name == kKindNames[i]) {
-      *out = static_cast<Kind>(i);
-      return true;
-    }
-  return false;
-}
+bool parse_kind(const std::string& name, Kind* out) { return parse_enum(kKindNames, name, out); }
 
 uint64_t output_count(Kind k, uint64_t count, int n) {
   switch (k) {

@@ -1,5 +1,6 @@
 // Degraded-mode plans and their cost model (see plan.h and docs/plans.md).
 #include "coll/plan.h"
+#include "base/enum_names.h"
 
 #include <algorithm>
 #include <cmath>
@@ -17,19 +18,9 @@ std::vector<double> clamp_capacities(const std::vector<double>& c) {
 }
 }  // namespace
 
-const char* plan_name(PlanKind k) {
-  const auto i = static_cast<size_t>(k);
-  return i < std::size(kPlanNames) ? kPlanNames[i] : "?";
-}
+const char* plan_name(PlanKind k) { return enum_name(kPlanNames, k, "?"); }
 
-bool parse_plan(const std::string& s, PlanKind* out) {
-  for (size_t i = 0; i < std::size(kPlanNames); i++)
-    if (s == kPlanNames[i]) {
-      *out = static_cast<PlanKind>(i);
-      return true;
-    }
-  return false;
-}
+bool parse_plan(const std::string& s, PlanKind* out) { return parse_enum(kPlanNames, s, out); }
 
 std::string plan_setting_error(const std::string& plan) {
   PlanKind k;

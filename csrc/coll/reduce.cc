@@ -33,6 +33,7 @@
 // thread has FTZ/DAZ set. NaN results are fixed too (see left_nan), so the SSE2 and AVX2
 // kernels agree bit for bit, NaNs included.
 #include "coll/reduce.h"
+#include "base/enum_names.h"
 
 #include <atomic>
 #include <cfloat>
@@ -497,30 +498,11 @@ size_t dtype_size(DType t) { return valid(t) ? kDTypeSizes[static_cast<int>(t)] 
 
 const char* dtype_name(DType t) { return valid(t) ? kDTypeNames[static_cast<int>(t)] : "unknown"; }
 
-const char* reduce_op_name(ReduceOp op) {
-  const auto i = static_cast<size_t>(op);
-  return i < std::size(kReduceOpNames) ? kReduceOpNames[i] : "unknown";
-}
+const char* reduce_op_name(ReduceOp op) { return enum_name(kReduceOpNames, op, "unknown"); }
 
-bool parse_dtype(const std::string& name, DType* out) {
-  for (size_t i = 0; i < std::size(kDTypeNames); i++) {
-    if (name == kDTypeNames[i]) {
-      if (out) *out = static_cast<DType>(i);
-      return true;
-    }
-  }
-  return false;
-}
+bool parse_dtype(const std::string& name, DType* out) { return parse_enum(kDTypeNames, name, out); }
 
-bool parse_reduce_op(const std::string& name, ReduceOp* out) {
-  for (size_t i = 0; i < std::size(kReduceOpNames); i++) {
-    if (name == kReduceOpNames[i]) {
-      if (out) *out = static_cast<ReduceOp>(i);
-      return true;
-    }
-  }
-  return false;
-}
+bool parse_reduce_op(const std::string& name, ReduceOp* out) { return parse_enum(kReduceOpNames, name, out); }
 
 void reduce(DType t, ReduceOp op, void* out, const void* a, const void* b, size_t count) {
   if (count == 0) return;
