@@ -46,7 +46,8 @@ def test_training_demo_on_two_testbed_hosts_is_bit_identical_through_a_real_link
     r = subprocess.run([sys.executable, "-m", "jax_r2ccl", "demo", "--testbed", "--steps", "40"],
                        capture_output=True, text=True, timeout=560, env=child_env())
     text = r.stdout + r.stderr
-    assert r.returncode == 0, text[-5000:]
+    shown = "\n".join(l for l in text.splitlines() if l.startswith(("[demo]", "demo:", "Traceback", "jax-r2ccl")))
+    assert r.returncode == 0, shown[-5000:] + "\n" + text[-2000:]
     assert "taken DOWN (link down: carrier lost" in text, text[-5000:]
     m = re.search(r"fault inside an all-reduce: YES \((\d+) bytes unacknowledged on rail (\d) when it went down, "
                   r"(\d+) chunks re-sent\)", text)

@@ -259,7 +259,10 @@ def _main_testbed(argv, a) -> int:
     if why:
         print(f"jax-r2ccl demo --testbed: {why}", file=sys.stderr)
         return 2
-    testbed.up(2, 4, a.testbed_rate)
+    # A small token bucket: the links pace every byte at the rate. With the bed's default
+    # 256 KiB burst, a chunk written after an idle moment crosses at once, so a link taken down
+    # while the sender still counted it unacknowledged could miss it (seen: 1 run in 3).
+    testbed.up(2, 4, a.testbed_rate, burst="32kb")
     try:
         coordinator = f"198.18.0.1:{TESTBED_PORT}"
         env = dict(os.environ, R2CCL_NICS=os.environ.get("R2CCL_NICS", TESTBED_NICS))
