@@ -1,7 +1,7 @@
 """Every R2CCL_* setting in one table: name, field, type, doc. Defaults are not written here
 for the settings the C++ core has (csrc/base/config.h is their one source; they are read back
-through _core.config_defaults()); the Python-only settings (NICs, transport, bootstrap
-timeout, secret) carry theirs in their row, and R2CCL_DEBUG's is the name of the core's
+through _core.config_defaults()); the Python-only settings (NICs, NIC affinity, transport,
+bootstrap timeout, secret) carry theirs in their row, and R2CCL_DEBUG's is the name of the core's
 default log level. `Config` is generated from the table: `Config.from_env()` reads the
 environment, keyword arguments override, and `to_core()` hands the result to the C++ struct.
 Must not know jax or anything above the core tier."""
@@ -70,6 +70,11 @@ SETTINGS: tuple[Setting, ...] = (
             "Comma-separated NICs (interface names or IPv4 addresses) to stripe over; empty: every "
             "non-loopback interface that is up, else 127.0.0.1.",
             default=""),
+    Setting("R2CCL_NIC_AFFINITY", "nic_affinity", str,
+            "Order of the default NICs. auto: nearest first (PCIe distance) to this process's GPUs "
+            "(rail 0 = nearest; collectives still stripe over all of them); off: interface order. "
+            "An explicit R2CCL_NICS is used exactly as given.",
+            default="auto"),
     Setting("R2CCL_TRANSPORT", "transport", str,
             "Transport backend: socket (TCP). ibverbs is not built yet.",
             default="socket"),
@@ -126,6 +131,13 @@ SETTINGS: tuple[Setting, ...] = (
             "min-max of the cost model; auto: the model's fastest. Capacities come from the health "
             "monitor and travel with each call, so every process runs the same plan. Results are "
             "bit-identical under every plan. Must be equal on every process."),
+    Setting("R2CCL_STAGING_BYTES", "staging_bytes", int,
+            "GPU platform: bound on the pinned host staging of one GPU (a pool reused across calls; "
+            "a collective uses up to three steps of it at once)."),
+    Setting("R2CCL_STAGING_CHUNK_BYTES", "staging_chunk_bytes", int,
+            "GPU platform: bytes of one step of the device -> host -> network -> host -> device "
+            "pipeline (copies, network and reduction of different steps overlap). Must be equal on "
+            "every process."),
     Setting("R2CCL_SYNC_WAIT_US", "sync_wait_us", int,
             "Microseconds XLA's thread waits inside the custom call for a small collective (<= "
             f"{_size(CONSTANTS['small_collective_bytes'])}) that is the process's only one in flight, "
@@ -190,6 +202,8 @@ class _ConfigMethods:
         if self.transport not in ("socket", "auto"):
             raise R2cclError(f"R2CCL_TRANSPORT={self.transport!r}: only 'socket' is built "
                              "(ibverbs is planned)")
+        if self.nic_affinity not in ("auto", "off"):
+            raise R2cclError(f"R2CCL_NIC_AFFINITY={self.nic_affinity!r}: use auto or off")
         if self.debug.upper() not in _LEVELS:
             raise R2cclError(f"R2CCL_DEBUG={self.debug!r}: use {_one_of(_NAMES['log_levels'])}")
         msg = self.to_core().validate()
@@ -197,6 +211,8 @@ class _ConfigMethods:
             raise R2cclError(msg)
 
     def nic_list(self) -> list[str]:
+        """R2CCL_NICS, else default_nics() in interface order. The order R2CCL_NIC_AFFINITY
+        asks for needs the PCIe topology, a tier above: transport.topology.nic_order()."""
         if self.nics.strip():
             return [n.strip() for n in self.nics.split(",") if n.strip()]
         return default_nics()

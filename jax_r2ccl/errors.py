@@ -6,7 +6,8 @@ class R2cclError(RuntimeError):
 
     Attributes:
       cause: one of "invalid_argument", "timeout", "all_rails_down", "peer_gone",
-        "protocol", "mismatch", "system", "closed".
+        "protocol", "mismatch", "system", "closed", "device" (a CUDA call failed),
+        "internal" (a bug: an unexpected exception caught at the FFI boundary).
       peer: the rank the failure concerns, or -1.
     """
 

@@ -506,3 +506,107 @@ def mixed_program(rank, world, local, n=1 << 20, rounds=5):
         b = np.asarray(g(x).addressable_shards[0].data)
         ok = ok and np.array_equal(a, b)
     return {"equal": bool(ok), "seconds": time.monotonic() - t0}
+
+
+def _custom_calls(text):
+    """The r2ccl custom calls of a lowered module's text, each with what follows it (its
+    attributes and types), in program order."""
+    import re
+    out = []
+    for m in re.finditer(r'stablehlo\.custom_call @r2ccl_collective\(([^)]*)\)(.*)', text):
+        out.append({"operands": m.group(1), "rest": m.group(2)})
+    return out
+
+
+def cuda_lowering(rank, world, local):
+    """Every jax_r2ccl collective, and jax.lax's under the lowering swap, lowered for the CUDA
+    platform (no GPU needed): the r2ccl custom call with its three operands, attributes,
+    side effect and row-major layouts, identical to the CPU lowering of the same program."""
+    jax, jnp, Mesh, NamedSharding, P = _jax()
+    import jax_r2ccl
+    mesh, all_axes = make_mesh(world, local)
+    n = mesh.devices.size
+    ax = all_axes
+    progs = {
+        "psum": lambda v: jax_r2ccl.psum(v, ax),
+        "pmean": lambda v: jax_r2ccl.pmean(v, ax),
+        "pmax": lambda v: jax_r2ccl.pmax(v, ax),
+        "pmin": lambda v: jax_r2ccl.pmin(v, ax),
+        "all_gather": lambda v: jax_r2ccl.all_gather(v, ax, tiled=True)[:v.shape[0]],
+        "psum_scatter": lambda v: jnp.tile(jax_r2ccl.psum_scatter(v, ax, tiled=True), (n, 1)),
+        "all_to_all": lambda v: jax_r2ccl.all_to_all(v, ax, 0, 0, tiled=True),
+        "swap:psum": lambda v: jax.lax.psum(v, ax),
+        "swap:all_gather": lambda v: jax.lax.all_gather(v, ax, tiled=True)[:v.shape[0]],
+        "swap:psum_scatter": lambda v: jnp.tile(jax.lax.psum_scatter(v, ax, tiled=True), (n, 1)),
+    }
+    out = {}
+    for dtype in ("float32", "bfloat16", "int32", "float64"):
+        x = jax.device_put(np.zeros((4 * n, 8), np_dtype(dtype)), NamedSharding(mesh, P(ax)))
+        for name, body in progs.items():
+            if dtype != "float32" and name.startswith("swap:"):
+                continue
+            f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P(ax), out_specs=P(ax), check_vma=False))
+            texts = {}
+            for plat in ("cuda", "cpu"):
+                if name.startswith("swap:"):
+                    with jax_r2ccl.enabled():
+                        texts[plat] = f.trace(x).lower(lowering_platforms=(plat,)).as_text()
+                else:
+                    texts[plat] = f.trace(x).lower(lowering_platforms=(plat,)).as_text()
+            out[f"{name}/{dtype}"] = {p: _custom_calls(t) for p, t in texts.items()}
+    return out
+
+
+def ffi_boundary(rank, world, local):
+    """The FFI boundary on CPU: exceptions thrown inside the handler (a std::exception, an
+    r2ccl::Error, something else) and result buffers of the wrong size become
+    JaxRuntimeErrors naming the cause, on every local device, without a crash or a hang, and
+    the process's next collective is exact."""
+    jax, jnp, Mesh, NamedSharding, P = _jax()
+    import jax_r2ccl
+    from jax_r2ccl import _core
+    from jax_r2ccl._src import lowering, runtime
+    mesh, all_axes = make_mesh(world, local)
+    N = mesh.devices.size
+    x = global_array(mesh, all_axes, [np.full((1, 16), p + 1.0, np.float32) for p in range(N)])
+    f = jax.jit(jax.shard_map(lambda v: jax_r2ccl.psum(v, all_axes), mesh=mesh, in_specs=P(all_axes),
+                              out_specs=P(all_axes)))
+    want = float(N * (N + 1) / 2)
+    out = {}
+
+    def attempt(fn, arg):
+        t0 = time.monotonic()
+        try:
+            r = jax.block_until_ready(fn(arg))
+            return {"error": None, "value": float(np.asarray(r.addressable_shards[0].data).ravel()[0]),
+                    "seconds": round(time.monotonic() - t0, 2)}
+        except Exception as e:  # noqa: BLE001 - the expected outcome
+            return {"error": f"{type(e).__name__}: {e}"[:600], "seconds": round(time.monotonic() - t0, 2)}
+
+    out["before"] = attempt(f, x)
+    for what in ("std", "error", "other"):
+        _core.testing_throw_in_next_handler(what)
+        out[what] = attempt(f, x)
+        out[what + "_after"] = attempt(f, x)
+
+    # A hand-written call whose result buffer is one element short (or of another dtype) of
+    # what the all-reduce writes: refused before anything is written.
+    comm = lowering._comm(mesh, tuple(all_axes))
+    comm_id = comm.register()
+
+    def raw(out_shape, out_dtype):
+        def body(v):
+            pid = jax.lax.axis_index(all_axes)
+            g, r = jnp.int32(0), pid.astype(jnp.int32)
+            call = jax.ffi.ffi_call(runtime.FFI_TARGET, jax.ShapeDtypeStruct(out_shape, out_dtype),
+                                    has_side_effect=True)
+            return call(v, g, r, comm_id=comm_id, op_id=9999, kind=lowering.KIND["all_reduce"],
+                        reduce_op=lowering.REDUCE["sum"], root=0)
+        return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P(all_axes), out_specs=P(all_axes),
+                                     check_vma=False))
+
+    out["short_result"] = attempt(raw((1, 15), np.float32), x)
+    out["wrong_dtype_result"] = attempt(raw((1, 16), np.int32), x)
+    out["after_all"] = attempt(f, x)
+    out["want"] = want
+    return out

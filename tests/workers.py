@@ -657,3 +657,82 @@ def host_kind_mismatch(ep, rank, world, n=99_999):
     except R2cclError as e:
         out.update(error=str(e), cause=e.cause)
     return out
+
+
+def staged_collective(ep, rank, world, cases, local=1, chunk_bytes=4096, pool_bytes=1 << 20, depth=3, fault=None,
+                      rate=None, fail_copy=None, repeat=1):
+    """The platform-neutral chunk pipeline (csrc/stage) that the CUDA platform runs, with
+    memcpy standing in for the copy engine: each local rank on its own thread hands its part
+    to the process's runtime through _core.testing_staged_call, like a GPU's launch thread.
+    Every output is checked bit for bit against the canonical-order reference.
+
+    fail_copy: {"case": i, "rank": r, "batch": b} makes that local rank's copy batch b fail.
+    Returns the mismatches, every call's error, chunk counts and the pools' statistics."""
+    import ml_dtypes  # noqa: F401
+    from jax_r2ccl import _core
+    from jax_r2ccl.errors import R2cclError
+    process_of_rank = [p for p in range(world) for _ in range(local)]
+    my_ranks = [r for r, p in enumerate(process_of_rank) if p == rank]
+    ex = _core.Collectives(ep._ep, rank)
+    _core.runtime_install(ep._ep, ex, rank, float(ep.config.timeout_s))
+    comm_id = 77
+    _core.register_comm(comm_id, [process_of_rank], "staged test")
+    pools = {r: _core.StagingPool(pool_bytes) for r in my_ranks}
+    if rate:
+        for peer in range(world):
+            if peer != rank:
+                for s in ep.rail_stats(peer):
+                    ep.inject(peer, s["rail"], "rate", rate)
+    bad, errors, chunks, allocations = [], [], [], []
+    timer = None
+    try:
+        for rep in range(repeat):
+            for i, (kind, dtype, op, count, root) in enumerate(cases):
+                if fault and i == fault["case"] and rank == 0 and rep == 0:
+                    timer = threading.Timer(fault["after_s"], lambda: ep.inject(1, fault["rail"], fault["fault"]))
+                    timer.start()
+                ins = {r: _rank_input(kind, dtype, count, r, seed=i) for r in range(len(process_of_rank))}
+                n = len(process_of_rank)
+                out_count = {"all_gather": count * n, "reduce_scatter": count // n}.get(kind, count)
+                outs = {r: np.zeros(out_count, ins[r].dtype) for r in my_ranks}
+                res, errs = {}, {}
+
+                def one(r):
+                    fb = -1
+                    if fail_copy and fail_copy["case"] == i and fail_copy["rank"] == r and rep == 0:
+                        fb = fail_copy["batch"]
+                    try:
+                        res[r] = _core.testing_staged_call(
+                            comm_id, 0, r, 1000 + rep, i + 1, kind, np.dtype(dtype).name, op, root,
+                            ins[r].view(np.uint8), outs[r].view(np.uint8), pools[r], chunk_bytes, depth, fb,
+                            float(ep.config.timeout_s))
+                    except R2cclError as e:
+                        errs[r] = {"error": str(e), "cause": e.cause, "peer": e.peer}
+
+                ts = [threading.Thread(target=one, args=(r,)) for r in my_ranks]
+                for t in ts:
+                    t.start()
+                for t in ts:
+                    t.join(120)
+                if any(t.is_alive() for t in ts):
+                    raise RuntimeError(f"case {i}: a staged call is still running after 120 s")
+                if errs:
+                    errors.append({"case": i, "rep": rep, "errors": errs})
+                    continue
+                chunks.append(res[my_ranks[0]]["chunks"])
+                ref = host_reference(kind, op, [ins[r] for r in range(n)], process_of_rank, root)
+                for r in my_ranks:
+                    o, want = outs[r], ref[r]
+                    if o.tobytes() != want.tobytes():
+                        diff = int(np.count_nonzero(o.view(np.uint8) != want.view(np.uint8)))
+                        bad.append({"case": [kind, dtype, op, count, root], "rank": r, "bytes_differing": diff})
+            allocations.append({r: pools[r].stats()["allocations"] for r in my_ranks})
+        if timer:
+            timer.join()
+        stats = {p: _stats_summary(ep, p) for p in range(world) if p != rank}
+        barrier(ep, rank, world)
+    finally:
+        _core.runtime_uninstall()
+        ex.close()
+    return {"bad": bad, "errors": errors, "chunks": chunks, "allocations": allocations,
+            "pools": {r: pools[r].stats() for r in my_ranks}, "stats": stats}

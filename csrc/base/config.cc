@@ -26,6 +26,11 @@ std::string Config::validate() const {
   if (monitor_ms < 0 || monitor_ms > 60000) return bad("R2CCL_MONITOR_MS", "must be 0..60000");
   if (link_holddown_ms < 0 || link_holddown_ms > 600000) return bad("R2CCL_LINK_HOLDDOWN_MS", "must be 0..600000");
   if (sync_wait_us < 0 || sync_wait_us > 1000000) return bad("R2CCL_SYNC_WAIT_US", "must be 0..1000000");
+  if (staging_chunk_bytes < kStagingChunkMin || staging_chunk_bytes > kStagingChunkMax)
+    return bad("R2CCL_STAGING_CHUNK_BYTES",
+               "must be between " + std::to_string(kStagingChunkMin) + " and " + std::to_string(kStagingChunkMax));
+  if (staging_bytes < 2 * staging_chunk_bytes + 8192)
+    return bad("R2CCL_STAGING_BYTES", "must hold one staging step: at least 2 x R2CCL_STAGING_CHUNK_BYTES + 8 KiB");
   return {};
 }
 

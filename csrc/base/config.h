@@ -14,6 +14,10 @@ namespace r2ccl {
 inline constexpr uint64_t kChunkBytesMin = 1024;
 inline constexpr uint64_t kChunkBytesMax = 64ull << 20;
 
+// Bounds of R2CCL_STAGING_CHUNK_BYTES (one step of the device <-> host staging pipeline).
+inline constexpr uint64_t kStagingChunkMin = 4096;
+inline constexpr uint64_t kStagingChunkMax = 1ull << 30;
+
 struct Config {
   uint64_t chunk_bytes = 256 << 10;          // R2CCL_CHUNK_BYTES: payload bytes per data frame
   uint64_t rail_window_bytes = 1 << 20;      // R2CCL_RAIL_WINDOW_BYTES: unacked bytes one rail may hold
@@ -35,6 +39,8 @@ struct Config {
   int link_holddown_ms = 100;                // R2CCL_LINK_HOLDDOWN_MS: a NIC back up waits this long (x2 per recent flap)
   std::string plan = "auto";                 // R2CCL_PLAN: all-reduce plan (coll::kPlanNames; checked there)
   int sync_wait_us = 1000;                   // R2CCL_SYNC_WAIT_US: XLA's thread waits this long for a lone small collective
+  uint64_t staging_bytes = 32 << 20;         // R2CCL_STAGING_BYTES: pinned host staging per GPU (bound of its pool)
+  uint64_t staging_chunk_bytes = 4 << 20;    // R2CCL_STAGING_CHUNK_BYTES: one step of the device<->host pipeline
   int debug_level = 1;                       // R2CCL_DEBUG: 0 ERROR, 1 WARN, 2 INFO, 3 TRACE
 
   // Returns an empty string when every field is in range, else a sentence naming the field.

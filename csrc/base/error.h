@@ -16,14 +16,17 @@ enum class Cause {
   kMismatch,         // both sides disagree about a message (size, kind)
   kSystem,           // an operating-system call failed
   kClosed,           // the endpoint was closed while the operation was pending
+  kDevice,           // a CUDA call failed (the accelerator, its driver or its memory)
+  kInternal,         // a bug in jax_r2ccl: an unexpected exception caught at the FFI boundary
 };
 
 // Python's names of the causes (R2cclError.cause), in enum order: the one list, exported
 // by _core.names() so jax_r2ccl/errors.py and the parity test read the same names.
 inline constexpr const char* kCauseNames[] = {
     "invalid_argument", "timeout", "all_rails_down", "peer_gone", "protocol", "mismatch", "system", "closed",
+    "device", "internal",
 };
-static_assert(std::size(kCauseNames) == static_cast<size_t>(Cause::kClosed) + 1, "a Cause without a name");
+static_assert(std::size(kCauseNames) == static_cast<size_t>(Cause::kInternal) + 1, "a Cause without a name");
 
 const char* cause_name(Cause c);
 

@@ -5,6 +5,8 @@
 
 #include "base/log.h"
 
+#include <chrono>
+
 namespace r2ccl::coll {
 
 namespace {
@@ -30,7 +32,82 @@ void Runtime::install(std::shared_ptr<Runtime> rt) {
 }
 
 Runtime::Runtime(Endpoint& ep, Executor& ex, int my_process, double timeout_s)
-    : ep_(ep), ex_(ex), my_process_(my_process), timeout_s_(timeout_s) {}
+    : ep_(ep), ex_(ex), my_process_(my_process), timeout_s_(timeout_s), watch_([this] { watchdog(); }) {}
+
+Runtime::~Runtime() {
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    stop_ = true;
+  }
+  watch_cv_.notify_all();
+  watch_.join();
+}
+
+void Runtime::watchdog() {
+  std::unique_lock<std::mutex> lk(mu_);
+  const auto limit = static_cast<int64_t>(timeout_s_ * 1e9);
+  while (!stop_) {
+    watch_cv_.wait_for(lk, std::chrono::milliseconds(100));
+    const int64_t now = now_ns();
+    for (auto it = pending_.begin(); it != pending_.end();) {
+      Pending& p = it->second;
+      if (!p.failed && now - p.since_ns > limit) {
+        const DeviceCall& a = p.calls.front();
+        poison_locked(it->first, p, Error(Cause::kTimeout, -1,
+                                          std::to_string(p.arrived) + " of this process's local ranks made " +
+                                              kind_name(a.kind) + " op " + std::to_string(a.op_id) +
+                                              " and the others did not within R2CCL_TIMEOUT (" +
+                                              std::to_string(timeout_s_) + " s): their launch failed or never came"));
+      }
+      // A poisoned call whose remaining local ranks never come is forgotten after a while.
+      if (p.failed && now - p.since_ns > 10 * limit)
+        it = pending_.erase(it);
+      else
+        ++it;
+    }
+  }
+}
+
+Runtime::Slot Runtime::arrive_locked(const DeviceCall& call) {
+  const Comm& comm = comms_.find(call.comm_id)->second;
+  const std::vector<int>& members = comm.groups[static_cast<size_t>(call.group)];
+  // k: how many times this rank already ran this op in this run (loops run an op repeatedly).
+  if (!counts_.count(call.run_id)) {
+    run_order_.push_back(call.run_id);
+    if (run_order_.size() > kRunsRemembered) {
+      counts_.erase(run_order_.front());
+      run_order_.erase(run_order_.begin());
+    }
+  }
+  uint64_t k = counts_[call.run_id][{call.comm_id, call.group, call.rank, call.op_id}]++;
+  Key key{call.comm_id, call.group, call.run_id, call.op_id, k};
+  Pending& p = pending_[key];
+  if (p.arrived == 0) p.since_ns = now_ns();
+  p.arrived++;
+  return {&p, k, static_cast<size_t>(std::count(members.begin(), members.end(), my_process_))};
+}
+
+void Runtime::poison_locked(const Key& key, Pending& p, const Error& e) {
+  (void)key;
+  p.failed = e;
+  std::vector<DeviceCall> waiting = std::move(p.calls);
+  p.calls.clear();
+  for (auto& c : waiting)
+    if (c.done) c.done(&e);
+}
+
+void Runtime::abandon(const DeviceCall& call, const Error& why) {
+  std::lock_guard<std::mutex> g(mu_);
+  size_t n = 0;
+  if (!check_locked(call, &n).empty()) return;   // a call that could never be made: nothing to match
+  Slot s = arrive_locked(call);
+  Key key{call.comm_id, call.group, call.run_id, call.op_id, s.k};
+  if (!s.p->failed)
+    poison_locked(key, *s.p,
+                  Error(why.cause(), why.peer(),
+                        "local rank " + std::to_string(call.rank) + " could not take part: " + why.what()));
+  if (s.p->arrived >= s.local) pending_.erase(key);
+}
 
 void Runtime::register_comm(uint64_t comm_id, std::vector<std::vector<int>> groups, std::string name) {
   std::lock_guard<std::mutex> g(mu_);
@@ -46,6 +123,42 @@ void Runtime::register_comm(uint64_t comm_id, std::vector<std::vector<int>> grou
 
 const Config& Runtime::config() const { return ep_.config(); }
 
+std::string Runtime::check_locked(const DeviceCall& call, size_t* n_ranks) const {
+  auto ci = comms_.find(call.comm_id);
+  if (ci == comms_.end())
+    return "collective on an unknown communicator (was jax_r2ccl.initialize() called in this process before the "
+           "program was compiled?)";
+  const Comm& comm = ci->second;
+  if (call.group < 0 || call.group >= static_cast<int64_t>(comm.groups.size()))
+    return "group " + std::to_string(call.group) + " does not exist in " + comm.name;
+  const std::vector<int>& members = comm.groups[static_cast<size_t>(call.group)];
+  if (call.rank < 0 || call.rank >= static_cast<int64_t>(members.size()) ||
+      members[static_cast<size_t>(call.rank)] != my_process_)
+    return "rank " + std::to_string(call.rank) + " of group " + std::to_string(call.group) + " of " + comm.name +
+           " does not live in process " + std::to_string(my_process_);
+  const uint64_t n = members.size();
+  if ((call.kind == Kind::kReduceScatter || call.kind == Kind::kAllToAll) && call.count % n != 0)
+    return std::string(kind_name(call.kind)) + " needs an input size divisible by the group size (" +
+           std::to_string(call.count) + " elements over " + std::to_string(n) + " ranks)";
+  // The result buffer must hold exactly what the collective writes: checked before anything
+  // is handed on, so a wrong buffer fails the call instead of being overrun.
+  const uint64_t expect = output_count(call.kind, call.count, static_cast<int>(n));
+  if (call.out_count != expect)
+    return std::string(kind_name(call.kind)) + " of " + std::to_string(call.count) + " elements over " +
+           std::to_string(n) + " ranks writes " + std::to_string(expect) +
+           " elements, but the result buffer holds " + std::to_string(call.out_count);
+  *n_ranks = members.size();
+  return {};
+}
+
+std::string Runtime::check(const DeviceCall& call, int* n_ranks) const {
+  std::lock_guard<std::mutex> g(mu_);
+  size_t n = 0;
+  std::string bad = check_locked(call, &n);
+  *n_ranks = static_cast<int>(n);
+  return bad;
+}
+
 bool Runtime::device_call(DeviceCall call) {
   auto fail = [&](Cause c, const std::string& why) {
     Error e(c, -1, why);
@@ -57,30 +170,21 @@ bool Runtime::device_call(DeviceCall call) {
   std::vector<DeviceCall> ready;
   {
     std::lock_guard<std::mutex> g(mu_);
-    auto ci = comms_.find(call.comm_id);
-    if (ci == comms_.end())
-      return fail(Cause::kInvalidArgument, "collective on an unknown communicator (was jax_r2ccl.initialize() called "
-                                           "in this process before the program was compiled?)");
-    const Comm& comm = ci->second;
-    if (call.group < 0 || call.group >= static_cast<int64_t>(comm.groups.size()))
-      return fail(Cause::kInvalidArgument, "group " + std::to_string(call.group) + " does not exist in " + comm.name);
+    size_t n_ranks_unused = 0;
+    std::string bad = check_locked(call, &n_ranks_unused);
+    if (!bad.empty()) return fail(Cause::kInvalidArgument, bad);
+    const Comm& comm = comms_.find(call.comm_id)->second;
     const std::vector<int>& members = comm.groups[static_cast<size_t>(call.group)];
-    if (call.rank < 0 || call.rank >= static_cast<int64_t>(members.size()) ||
-        members[static_cast<size_t>(call.rank)] != my_process_)
-      return fail(Cause::kInvalidArgument, "rank " + std::to_string(call.rank) + " of group " +
-                                               std::to_string(call.group) + " of " + comm.name +
-                                               " does not live in process " + std::to_string(my_process_));
-    // k: how many times this rank already ran this op in this run (loops run an op repeatedly).
-    if (!counts_.count(call.run_id)) {
-      run_order_.push_back(call.run_id);
-      if (run_order_.size() > kRunsRemembered) {
-        counts_.erase(run_order_.front());
-        run_order_.erase(run_order_.begin());
-      }
-    }
-    uint64_t k = counts_[call.run_id][{call.comm_id, call.group, call.rank, call.op_id}]++;
+    Slot slot = arrive_locked(call);
+    const uint64_t k = slot.k;
     Key key{call.comm_id, call.group, call.run_id, call.op_id, k};
-    Pending& p = pending_[key];
+    Pending& p = *slot.p;
+    if (p.failed) {   // a local rank already failed this call: so does every other
+      Error e = *p.failed;
+      if (p.arrived >= slot.local) pending_.erase(key);
+      if (call.done) call.done(&e);
+      return true;
+    }
     if (!p.calls.empty()) {
       const DeviceCall& a = p.calls.front();
       if (a.kind != call.kind || a.dtype != call.dtype || a.op != call.op || a.count != call.count ||
@@ -89,18 +193,15 @@ bool Runtime::device_call(DeviceCall call) {
                           " called " + kind_name(a.kind) + " of " + std::to_string(a.count) + " " +
                           dtype_name(a.dtype) + ", rank " + std::to_string(call.rank) + " called " +
                           kind_name(call.kind) + " of " + std::to_string(call.count) + " " + dtype_name(call.dtype);
-        std::vector<DeviceCall> all = std::move(p.calls);
-        all.push_back(std::move(call));
-        pending_.erase(key);
         Error e(Cause::kMismatch, -1, why);
-        for (auto& c : all)
-          if (c.done) c.done(&e);
+        poison_locked(key, p, e);   // the local ranks still to come fail the same way
+        if (p.arrived >= slot.local) pending_.erase(key);
+        if (call.done) call.done(&e);
         return true;
       }
     }
     p.calls.push_back(std::move(call));
-    size_t local = static_cast<size_t>(std::count(members.begin(), members.end(), my_process_));
-    if (p.calls.size() < local) return in_flight_->load() == 0 && pending_.size() == 1;
+    if (p.arrived < slot.local) return in_flight_->load() == 0 && pending_.size() == 1;
     alone = in_flight_->load() == 0 && pending_.size() == 1;
     in_flight_->fetch_add(1);
     ready = std::move(p.calls);

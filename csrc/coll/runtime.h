@@ -10,6 +10,9 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
+#include <condition_variable>
+#include <thread>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -32,12 +35,16 @@ struct DeviceCall {
   const void* in = nullptr;
   void* out = nullptr;
   uint64_t count = 0;      // input elements
+  uint64_t out_count = 0;  // elements of the result buffer: checked against the kind before anything runs
   std::function<void(const Error*)> done;
 };
 
 class Runtime {
  public:
   Runtime(Endpoint& ep, Executor& ex, int my_process, double timeout_s);
+  ~Runtime();
+  Runtime(const Runtime&) = delete;
+  Runtime& operator=(const Runtime&) = delete;
 
   // The process-wide runtime the custom calls use (null before jax_r2ccl.initialize()).
   static std::shared_ptr<Runtime> current();
@@ -50,6 +57,14 @@ class Runtime {
   // true when this call is the only collective of the process in flight (its local
   // rendezvous aside): the caller may then wait for it briefly (see R2CCL_SYNC_WAIT_US).
   bool device_call(DeviceCall call);
+  // A local rank that cannot take part in a call it was due to make (its handler failed
+  // before handing it over): counts the call as made, so later ones still match, and fails
+  // the call for the process's other local ranks (waiting or still to come) with `why`
+  // instead of leaving them waiting. Peer processes see the collective fail at R2CCL_TIMEOUT.
+  void abandon(const DeviceCall& call, const Error& why);
+  // The checks device_call makes before it takes a call (communicator, group, rank, result
+  // size), without taking it: empty, or the sentence; *n_ranks gets the group's size.
+  std::string check(const DeviceCall& call, int* n_ranks) const;
   int my_process() const { return my_process_; }
   const Config& config() const;
 
@@ -59,15 +74,31 @@ class Runtime {
     std::string name;
   };
   struct Pending {
-    std::vector<DeviceCall> calls;
+    std::vector<DeviceCall> calls;   // waiting for the other local ranks
+    size_t arrived = 0;              // local ranks that made (or abandoned) the call
+    std::optional<Error> failed;     // set: every arrival fails with it
+    int64_t since_ns = 0;            // first arrival
   };
   using Key = std::tuple<uint64_t, int64_t, uint64_t, uint64_t, uint64_t>;   // comm, group, run, op, k
+
+  std::string check_locked(const DeviceCall& call, size_t* n_ranks) const;
+  // The key of the call's k-th execution (advances k); the caller holds mu_.
+  struct Slot {
+    Pending* p;
+    uint64_t k;
+    size_t local;
+  };
+  Slot arrive_locked(const DeviceCall& call);
+  // Fails the waiting calls of `key` with `e` and poisons it for the local ranks still to come.
+  void poison_locked(const std::tuple<uint64_t, int64_t, uint64_t, uint64_t, uint64_t>& key, Pending& p, const Error& e);
+  // Local rendezvous older than R2CCL_TIMEOUT fail (a local rank whose launch never came).
+  void watchdog();
 
   Endpoint& ep_;
   Executor& ex_;
   int my_process_;
   double timeout_s_;
-  std::mutex mu_;
+  mutable std::mutex mu_;
   std::map<uint64_t, Comm> comms_;
   std::map<Key, Pending> pending_;
   // k-th execution of (comm, group, rank, op) within a run; runs are forgotten oldest first.
@@ -76,6 +107,9 @@ class Runtime {
   // Process-level calls handed to the executor and not yet done (shared: a call may finish
   // after this runtime was uninstalled).
   std::shared_ptr<std::atomic<int>> in_flight_ = std::make_shared<std::atomic<int>>(0);
+  std::condition_variable watch_cv_;
+  bool stop_ = false;
+  std::thread watch_;
 };
 
 }  // namespace r2ccl::coll

@@ -13,11 +13,10 @@
 #include <string>
 
 #include "coll/runtime.h"
+#include "ffi/boundary.h"
 #include "ffi/completion.h"
 #include "ffi/handlers.h"
 #include "xla/ffi/api/ffi.h"
-
-namespace xffi = xla::ffi;
 
 namespace r2ccl::ffi {
 namespace {
@@ -36,66 +35,39 @@ struct Waiter {
   std::optional<xffi::Error> error;
 };
 
-bool to_dtype(xffi::DataType t, coll::DType* out) {
-  using coll::DType;
-  switch (t) {
-    case xffi::DataType::F32: *out = DType::kF32; return true;
-    case xffi::DataType::F64: *out = DType::kF64; return true;
-    case xffi::DataType::F16: *out = DType::kF16; return true;
-    case xffi::DataType::BF16: *out = DType::kBF16; return true;
-    case xffi::DataType::S8: *out = DType::kI8; return true;
-    case xffi::DataType::U8: *out = DType::kU8; return true;
-    case xffi::DataType::S32: *out = DType::kI32; return true;
-    case xffi::DataType::U32: *out = DType::kU32; return true;
-    case xffi::DataType::S64: *out = DType::kI64; return true;
-    case xffi::DataType::U64: *out = DType::kU64; return true;
-    case xffi::DataType::PRED: *out = DType::kBool; return true;
-    default: return false;
-  }
-}
 
-xffi::Future ready_error(xffi::ErrorCode code, const std::string& msg) {
+xffi::Future ready_error(const xffi::Error& e) {
   xffi::Promise p;
-  p.SetError(xffi::Error(code, msg));
+  p.SetError(e);
   return xffi::Future(p);
 }
 
-xffi::Future collective(xffi::RunId run_id, xffi::AnyBuffer x, xffi::Buffer<xffi::S32> group,
-                        xffi::Buffer<xffi::S32> rank, xffi::Result<xffi::AnyBuffer> out, int64_t comm_id,
-                        int64_t op_id, int64_t kind, int64_t reduce_op, int64_t root) {
-  auto rt = coll::Runtime::current();
-  if (!rt)
-    return ready_error(xffi::ErrorCode::kFailedPrecondition,
-                       "[r2ccl invalid_argument] jax_r2ccl.initialize() has not been called in this process");
-  coll::DeviceCall c;
-  if (!to_dtype(x.element_type(), &c.dtype) || out->element_type() != x.element_type())
-    return ready_error(xffi::ErrorCode::kInvalidArgument, "[r2ccl invalid_argument] unsupported operand dtype");
-  if (kind < 0 || kind > 4 || reduce_op < 0 || reduce_op > 3)
-    return ready_error(xffi::ErrorCode::kInvalidArgument, "[r2ccl invalid_argument] bad collective attributes");
-  c.comm_id = static_cast<uint64_t>(comm_id);
-  c.op_id = static_cast<uint64_t>(op_id);
-  c.run_id = static_cast<uint64_t>(run_id.run_id);
-  c.kind = static_cast<coll::Kind>(kind);
-  c.op = static_cast<coll::ReduceOp>(reduce_op);
-  c.root = static_cast<int>(root);
-  c.group = group.typed_data()[0];
-  c.rank = rank.typed_data()[0];
-  c.in = x.untyped_data();
-  c.out = out->untyped_data();
-  c.count = x.element_count();
+// What the guard's error path needs to know: whether the call was decoded (then the other
+// local ranks must hear that this one will not come) and whether the runtime took it.
+struct Progress {
+  std::shared_ptr<coll::Runtime> rt;
+  coll::DeviceCall call;
+  bool decoded = false;
+  bool handed = false;
+};
+
+xffi::Future collective_body(Progress& pr, xffi::RunId run_id, xffi::AnyBuffer x, xffi::Buffer<xffi::S32> group,
+                             xffi::Buffer<xffi::S32> rank, xffi::Result<xffi::AnyBuffer> out, int64_t comm_id,
+                             int64_t op_id, int64_t kind, int64_t reduce_op, int64_t root) {
+  pr.rt = coll::Runtime::current();
+  if (!pr.rt) return ready_error(invalid("jax_r2ccl.initialize() has not been called in this process"));
+  coll::DeviceCall& c = pr.call;
+  std::string bad = decode(c, static_cast<uint64_t>(run_id.run_id), x, group.typed_data()[0], rank.typed_data()[0],
+                           *out, comm_id, op_id, kind, reduce_op, root);
+  if (!bad.empty()) return ready_error(invalid(bad));
+  pr.decoded = true;
+  maybe_throw_injected();
   xffi::Promise promise;
   xffi::Future future(promise);
   auto w = std::make_shared<Waiter>();
   c.done = [promise, w](const Error* e) mutable {
     std::optional<xffi::Error> err;
-    if (e) {
-      std::string msg = std::string("[r2ccl ") + cause_name(e->cause()) +
-                        (e->peer() >= 0 ? ", peer " + std::to_string(e->peer()) : std::string()) + "] " + e->what();
-      auto code = e->cause() == Cause::kInvalidArgument || e->cause() == Cause::kMismatch
-                      ? xffi::ErrorCode::kInvalidArgument
-                      : xffi::ErrorCode::kUnavailable;
-      err = xffi::Error(code, msg);
-    }
+    if (e) err = to_ffi_error(*e);
     {
       std::lock_guard<std::mutex> g(w->mu);
       if (w->waiting) {   // XLA's thread still waits in the handler: it takes the result
@@ -113,13 +85,14 @@ xffi::Future collective(xffi::RunId run_id, xffi::AnyBuffer x, xffi::Buffer<xffi
     }
   };
   const uint64_t bytes = c.count * static_cast<uint64_t>(coll::dtype_size(c.dtype));
-  bool alone = rt->device_call(std::move(c));
+  const int wait_us = pr.rt->config().sync_wait_us;
+  pr.handed = true;   // from here the runtime owns the call: `done` reports its end
+  bool alone = pr.rt->device_call(std::move(c));
   // A small collective that is the only one in flight: wait for it here, briefly, and hand
   // XLA a finished future, which it continues on this same thread (no thread hop). Never
   // longer than R2CCL_SYNC_WAIT_US, so collectives that other processes issue in another
   // order cannot deadlock; after that the future completes from the pool as usual.
   std::unique_lock<std::mutex> lk(w->mu);
-  const int wait_us = rt->config().sync_wait_us;
   if (!w->done && alone && bytes <= kSyncWaitMaxBytes && wait_us > 0)
     w->cv.wait_for(lk, std::chrono::microseconds(wait_us), [&] { return w->done; });
   w->waiting = false;
@@ -129,6 +102,22 @@ xffi::Future collective(xffi::RunId run_id, xffi::AnyBuffer x, xffi::Buffer<xffi
   else
     promise.SetAvailable();
   return future;
+}
+
+// Nothing thrown below may reach XLA: an exception becomes the call's error, and a call that
+// was decoded but never handed over is abandoned, so the process's other local ranks fail
+// with it instead of waiting.
+xffi::Future collective(xffi::RunId run_id, xffi::AnyBuffer x, xffi::Buffer<xffi::S32> group,
+                        xffi::Buffer<xffi::S32> rank, xffi::Result<xffi::AnyBuffer> out, int64_t comm_id,
+                        int64_t op_id, int64_t kind, int64_t reduce_op, int64_t root) {
+  Progress pr;
+  return guard(
+      "r2ccl_collective (cpu)",
+      [&] { return collective_body(pr, run_id, x, group, rank, out, comm_id, op_id, kind, reduce_op, root); },
+      [&](const Error& e) {
+        if (pr.decoded && !pr.handed && pr.rt) pr.rt->abandon(pr.call, e);
+        return ready_error(to_ffi_error(e));
+      });
 }
 
 }  // namespace

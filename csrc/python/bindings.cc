@@ -19,6 +19,9 @@
 #include "coll/runtime.h"
 #include "monitor/monitor.h"
 #include "ffi/handlers.h"
+#include "stage/host_copy.h"
+#include "stage/pipeline.h"
+#include "stage/pool.h"
 #include "core/digest.h"
 #include "core/endpoint.h"
 #include "core/wire.h"
@@ -132,6 +135,8 @@ NB_MODULE(_core, m) {
   config_field(config_cls, config_defaults, "link_holddown_ms", &Config::link_holddown_ms);
   config_field(config_cls, config_defaults, "plan", &Config::plan);
   config_field(config_cls, config_defaults, "sync_wait_us", &Config::sync_wait_us);
+  config_field(config_cls, config_defaults, "staging_bytes", &Config::staging_bytes);
+  config_field(config_cls, config_defaults, "staging_chunk_bytes", &Config::staging_chunk_bytes);
   config_field(config_cls, config_defaults, "debug_level", &Config::debug_level);
   // Config::validate checks ranges; the plan's name is checked by coll/, which owns the names.
   config_cls.def("validate", [](const Config& c) {
@@ -402,6 +407,101 @@ NB_MODULE(_core, m) {
     d["r2ccl_collective"] = nb::capsule(r2ccl::ffi::collective_cpu_handler());
     return d;
   });
+  // Empty where the CUDA part was not built (R2CCL_CUDA=off or no toolkit at build time).
+  m.def("ffi_targets_cuda", [] {
+    nb::dict d;
+    if (void* h = r2ccl::ffi::collective_cuda_handler()) d["r2ccl_collective"] = nb::capsule(h);
+    return d;
+  });
+  m.def("cuda_info", [] {
+    r2ccl::ffi::CudaInfo i = r2ccl::ffi::cuda_info();
+    nb::dict d;
+    d["built"] = i.built;
+    d["runtime_version"] = i.runtime_version;
+    d["driver_version"] = i.driver_version;
+    d["devices"] = i.devices;
+    d["error"] = i.error;
+    d["pci_bus_ids"] = i.pci_bus_ids;
+    d["archs"] = i.archs;
+    return d;
+  });
+  m.def(
+      "testing_throw_in_next_handler",
+      [](const std::string& what) {
+        static const std::pair<const char*, r2ccl::ffi::InjectedThrow> kinds[] = {
+            {"std", r2ccl::ffi::InjectedThrow::kStd},
+            {"error", r2ccl::ffi::InjectedThrow::kError},
+            {"other", r2ccl::ffi::InjectedThrow::kOther}};
+        for (auto& [name, k] : kinds)
+          if (what == name) {
+            r2ccl::ffi::arm_injected_throw(k);
+            return;
+          }
+        throw Error(Cause::kInvalidArgument, -1, "testing_throw_in_next_handler: std, error or other");
+      },
+      nb::arg("what"), "Testing: the next FFI handler entry throws this kind of exception inside its guard.");
+
+  nb::class_<stage::StagingPool>(m, "StagingPool",
+                                 "Testing and reports: a host staging pool (plain memory) with a bound.")
+      .def("__init__",
+           [](stage::StagingPool* p, uint64_t capacity_bytes) {
+             new (p) stage::StagingPool(stage::host_allocator(), capacity_bytes);
+           },
+           nb::arg("capacity_bytes"))
+      .def("stats", [](stage::StagingPool& p) {
+        stage::PoolStats st = p.stats();
+        nb::dict d;
+        d["capacity_bytes"] = st.capacity_bytes;
+        d["allocated_bytes"] = st.allocated_bytes;
+        d["in_use_bytes"] = st.in_use_bytes;
+        d["allocations"] = st.allocations;
+        d["reuses"] = st.reuses;
+        return d;
+      });
+  m.def(
+      "testing_staged_call",
+      [](uint64_t comm_id, int64_t group, int64_t rank, uint64_t run_id, uint64_t op_id, const std::string& kind,
+         const std::string& dtype, const std::string& op, int root, Buffer in, Buffer out, stage::StagingPool& pool,
+         uint64_t chunk_bytes,
+         int depth, int fail_after, double timeout) {
+        // One local rank's part of a collective through the chunk pipeline, with memcpy as the
+        // copy engine: what the CUDA platform runs, minus CUDA.
+        auto rt = coll::Runtime::current();
+        if (!rt) throw Error(Cause::kInvalidArgument, -1, "no runtime installed");
+        coll::DeviceCall c;
+        if (!coll::parse_kind(kind, &c.kind)) throw Error(Cause::kInvalidArgument, -1, "unknown kind " + kind);
+        if (!coll::parse_reduce_op(op, &c.op)) throw Error(Cause::kInvalidArgument, -1, "unknown op " + op);
+        if (!coll::parse_dtype(dtype, &c.dtype)) throw Error(Cause::kInvalidArgument, -1, "unknown dtype " + dtype);
+        c.comm_id = comm_id;
+        c.group = group;
+        c.rank = rank;
+        c.run_id = run_id;
+        c.op_id = op_id;
+        c.root = root;
+        c.in = in.data();
+        c.out = out.data();
+        const size_t es = coll::dtype_size(c.dtype);
+        c.count = in.nbytes() / es;
+        c.out_count = out.nbytes() / es;
+        auto engine = stage::host_copy_engine(fail_after);
+        stage::PipelineOptions opt;
+        opt.chunk_bytes = chunk_bytes;
+        opt.depth = depth;
+        opt.timeout_s = timeout;
+        stage::PipelineResult r;
+        {
+          nb::gil_scoped_release nogil;
+          r = stage::run_staged(*rt, c, *engine, pool, opt);
+        }
+        nb::dict d;
+        d["chunks"] = r.chunks;
+        d["depth"] = r.depth;
+        d["staged_bytes"] = r.staged_bytes;
+        return d;
+      },
+      nb::arg("comm_id"), nb::arg("group"), nb::arg("rank"), nb::arg("run_id"), nb::arg("op_id"), nb::arg("kind"),
+      nb::arg("dtype"), nb::arg("op"), nb::arg("root"), nb::arg("inp"), nb::arg("out"), nb::arg("pool"), nb::arg("chunk_bytes"),
+      nb::arg("depth") = 3, nb::arg("fail_after") = -1, nb::arg("timeout") = 30.0);
   m.def(
       "runtime_install",
       [](Endpoint& ep, coll::Executor& ex, int my_process, double timeout_s) {

@@ -8,7 +8,7 @@ from jax import tree_util
 from ..errors import R2cclError
 from .._compat import jaxapi
 from . import lowering
-from .._compat.jaxapi import ad, batching, mlir
+from .._compat.jaxapi import ad, batching
 from .reductions import _as_array, _no_groups
 
 r2ccl_all_to_all_p = jaxapi.Primitive("r2ccl_all_to_all")
@@ -34,7 +34,7 @@ def _lower(ctx, x, *, split_axis, concat_axis, axis_name, tiled):
 r2ccl_all_to_all_p.def_impl(_impl)
 r2ccl_all_to_all_p.def_effectful_abstract_eval(_abstract_eval)
 jaxapi.keep_when_unused(r2ccl_all_to_all_p)   # never removed when unused
-mlir.register_lowering(r2ccl_all_to_all_p, _lower, platform="cpu", cacheable=False)
+lowering.register(r2ccl_all_to_all_p, _lower)
 
 
 def _transpose(cts, x, *, split_axis, concat_axis, axis_name, tiled):

@@ -10,7 +10,7 @@ from jax import tree_util
 from ..errors import R2cclError
 from .._compat import jaxapi
 from . import lowering
-from .._compat.jaxapi import ad, batching, mlir
+from .._compat.jaxapi import ad, batching
 from .reductions import _as_array, _no_groups
 
 r2ccl_all_gather_p = jaxapi.Primitive("r2ccl_all_gather")
@@ -63,8 +63,8 @@ def _lower_reduce_scatter(ctx, x, **params):
     return lowering.lower_reduce_scatter(ctx, x, what="jax_r2ccl.psum_scatter", **params)
 
 
-mlir.register_lowering(r2ccl_all_gather_p, _lower_all_gather, platform="cpu", cacheable=False)
-mlir.register_lowering(r2ccl_reduce_scatter_p, _lower_reduce_scatter, platform="cpu", cacheable=False)
+lowering.register(r2ccl_all_gather_p, _lower_all_gather)
+lowering.register(r2ccl_reduce_scatter_p, _lower_reduce_scatter)
 
 
 # ---------------------------------------------------------------------------- autodiff

@@ -74,6 +74,16 @@ def _np_dtype(name: str) -> np.dtype:
 
 
 SUPPORTED_DTYPES = frozenset(_np_dtype(d) for d in DTYPE_NAMES)
+# The lowering platforms every jax_r2ccl collective (and the swap) registers a rule for; the
+# FFI target "r2ccl_collective" has a handler on each (csrc/ffi/cpu_collectives.cc and, when
+# the CUDA part is built, csrc/ffi/cuda_collectives.cc).
+PLATFORMS = ("cpu", "cuda")
+
+
+def register(prim, rule) -> None:
+    """Registers `rule` as `prim`'s lowering on every platform of PLATFORMS."""
+    for platform in PLATFORMS:
+        mlir.register_lowering(prim, rule, platform=platform, cacheable=False)
 _OPID_KEY = ("jax_r2ccl", "op_id_counter")
 
 
@@ -126,14 +136,15 @@ def guard_shared_functions(rule):
 
 
 def install_guards() -> None:
-    for prim in jaxapi.call_primitives():
-        specific, generic = jaxapi.lowering_rule(prim, "cpu")
-        entry = specific or generic
-        if entry is None or getattr(entry.rule, "r2ccl_guard", False):
-            continue
-        # A platform-specific rule for "cpu" takes precedence over the generic one.
-        mlir.register_lowering(prim, guard_shared_functions(entry.rule), platform="cpu", inline=entry.inline,
-                               cacheable=not jaxapi.is_uncacheable(prim))
+    for platform in PLATFORMS:
+        for prim in jaxapi.call_primitives():
+            specific, generic = jaxapi.lowering_rule(prim, platform)
+            entry = specific or generic
+            if entry is None or getattr(entry.rule, "r2ccl_guard", False):
+                continue
+            # A platform-specific rule takes precedence over the generic one.
+            mlir.register_lowering(prim, guard_shared_functions(entry.rule), platform=platform, inline=entry.inline,
+                                   cacheable=not jaxapi.is_uncacheable(prim))
 
 
 # ----------------------------------------------------------------------------- communicators

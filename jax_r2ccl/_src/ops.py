@@ -7,7 +7,7 @@ arguments and semantics, that run over jax_r2ccl's fault-tolerant multi-NIC tran
     jax_r2ccl.all_to_all(x, axis_name, split_axis, concat_axis, *, tiled=False)
 
 Use them inside jax.shard_map (fully manual, concrete Mesh) under jax.jit, after
-jax.distributed.initialize() and jax_r2ccl.initialize(), on the CPU platform. `x` may be a
+jax.distributed.initialize() and jax_r2ccl.initialize(), on the CPU or CUDA platform. `x` may be a
 pytree; `axis_name` a mesh axis or a tuple of them (ranks in jax.lax.axis_index order; a
 collective over some axes of a larger mesh runs in one group per index of the other axes).
 Supported dtypes: float32, float64, float16, bfloat16, int8, uint8, int32, uint32, int64,

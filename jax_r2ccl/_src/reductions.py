@@ -20,7 +20,7 @@ from jax import tree_util
 from ..errors import R2cclError
 from .._compat import jaxapi
 from . import lowering
-from .._compat.jaxapi import ad, batching, mlir
+from .._compat.jaxapi import ad, batching
 
 
 
@@ -71,7 +71,7 @@ for _p in _OP:
 
     def _lower(ctx, x, *, axes, _p=_p):
         return lowering.lower_all_reduce(ctx, x, axes=axes, op=_OP[_p], what=f"jax_r2ccl.{_NAME[_p]}")
-    mlir.register_lowering(_p, _lower, platform="cpu", cacheable=False)
+    lowering.register(_p, _lower)
 
 
 # ---------------------------------------------------------------------------- autodiff

@@ -110,6 +110,10 @@ def initialize(*, nics: Sequence[str] | None = None, config: Config | None = Non
         if not _ffi_registered:   # XLA keeps a registration for the life of the process
             for name, capsule in _core.ffi_targets().items():
                 jax.ffi.register_ffi_target(name, capsule, platform="cpu")
+            # The same target on the GPU platform, when the CUDA part was built (accepted by
+            # XLA with no GPU backend present; it only runs where a GPU program calls it).
+            for name, capsule in _core.ffi_targets_cuda().items():
+                jax.ffi.register_ffi_target(name, capsule, platform="CUDA")
             _ffi_registered = True
         _current = Runtime(endpoint=ep, executor=ex, monitor=monitor, rank=rank, world=world, config=config,
                            generation=_generation)

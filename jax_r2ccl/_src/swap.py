@@ -1,6 +1,6 @@
 """The lowering swap: plain jax.lax collectives inside jax.shard_map lower to jax_r2ccl.
 
-`install()` registers, for the "cpu" platform, a lowering of jax.lax's own collective
+`install()` registers, for the "cpu" and "cuda" platforms, a lowering of jax.lax's own collective
 primitives (psum_p, psum_invariant_p, pmax_p, pmin_p, all_gather_p, all_gather_invariant_p,
 reduce_scatter_p, all_to_all_p) that emits the "r2ccl_collective" custom call instead of
 XLA's collective; `uninstall()` puts the previous rules back; `enabled()` does both around a
@@ -36,7 +36,7 @@ from . import lowering
 from .._compat.jaxapi import mlir
 
 _lock = threading.Lock()
-_saved: dict = {}        # prim -> (previous cpu entry or None, was uncacheable)
+_saved: dict = {}        # prim -> ({platform: previous entry or None}, was uncacheable)
 _depth = [0]
 
 
@@ -138,8 +138,9 @@ def install() -> None:
             return
         lowering.install_guards()
         for prim, rule in _rules().items():
-            _saved[prim] = (jaxapi.lowering_rule(prim, "cpu")[0], jaxapi.is_uncacheable(prim))
-            mlir.register_lowering(prim, rule, platform="cpu", cacheable=False)
+            _saved[prim] = ({p: jaxapi.lowering_rule(prim, p)[0] for p in lowering.PLATFORMS},
+                            jaxapi.is_uncacheable(prim))
+            lowering.register(prim, rule)
 
 
 def uninstall() -> None:
@@ -150,8 +151,9 @@ def uninstall() -> None:
         _depth[0] -= 1
         if _depth[0] > 0:
             return
-        for prim, (entry, uncacheable) in _saved.items():
-            jaxapi.set_platform_lowering(prim, "cpu", entry)
+        for prim, (entries, uncacheable) in _saved.items():
+            for platform, entry in entries.items():
+                jaxapi.set_platform_lowering(prim, platform, entry)
             if not uncacheable:
                 jaxapi.set_cacheable(prim)
         _saved.clear()

@@ -1,8 +1,10 @@
 """`python -m jax_r2ccl doctor [--json]`: what this host offers jax_r2ccl. NICs with link
 state, speed, MTU, NUMA node and PCIe address; GPUs with their PCIe address and the NICs
 nearest each (NVML, when a driver and nvidia-ml-py are present); RDMA devices and port
-states (sysfs, and pyverbs when installed); which NICs jax_r2ccl would use; every setting in
-force and where its value came from. Anything missing is a line in the report, not an error."""
+states (sysfs, and pyverbs when installed); which NICs jax_r2ccl would use, in rail order,
+with this process's GPUs (sysfs) and each NIC's PCIe distance to them (R2CCL_NIC_AFFINITY);
+every setting in force and where its value came from. Anything missing is a line in the
+report, not an error."""
 
 from __future__ import annotations
 
@@ -13,8 +15,9 @@ import socket
 import sys
 
 from ..config import SETTINGS, Config
+from ..transport.topology import local_gpu_pci, nic_order, nic_pci_paths, pci_address, pci_distance, pci_path
 
-SYS_NET = "/sys/class/net"
+SYS = "/sys"   # the sysfs root of the NIC and affinity reports (tests point it at a fake tree)
 SYS_IB = "/sys/class/infiniband"
 
 
@@ -51,47 +54,12 @@ def _ipv4(name: str) -> str | None:
         s.close()
 
 
-def pci_path(dev_link: str) -> str | None:
-    """The device's real sysfs path (.../pci0000:00/0000:00:01.0/0000:3b:00.0), or None."""
-    try:
-        p = os.path.realpath(dev_link)
-    except OSError:
-        return None
-    return p if "/pci" in p else None
-
-
-def pci_address(path: str | None) -> str | None:
-    """The PCIe function (0000:3b:00.0) a sysfs device path ends in or sits under."""
-    import re
-    for part in reversed((path or "").split("/")):
-        if re.fullmatch(r"[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]", part):
-            return part
-    return None
-
-
-def pci_distance(a: str | None, b: str | None) -> int | None:
-    """Hops between two PCIe devices through their deepest common bridge (sysfs paths); None
-    when either is unknown. 2: same switch; larger: further (through the root complex)."""
-    if not a or not b:
-        return None
-    pa, pb = a.split("/"), b.split("/")
-    common = 0
-    for x, y in zip(pa, pb):
-        if x != y:
-            break
-        common += 1
-    return (len(pa) - common) + (len(pb) - common)
-
-
-def nics() -> list[dict]:
+def nics(sys_root: str | None = None) -> list[dict]:
+    root = sys_root or SYS
+    paths = nic_pci_paths(root) or {n: None for _, n in socket.if_nameindex()}
     out = []
-    try:
-        names = sorted(os.listdir(SYS_NET))
-    except OSError:
-        names = [n for _, n in socket.if_nameindex()]
-    for name in names:
-        base = f"{SYS_NET}/{name}"
-        dev = pci_path(f"{base}/device")
+    for name, dev in paths.items():
+        base = f"{root}/class/net/{name}"
         speed = _int(f"{base}/speed")
         out.append({
             "name": name,
@@ -162,27 +130,45 @@ def rdma() -> tuple[list[dict], str]:
     return devs, f"RDMA: {len(devs)} device(s); {verbs}"
 
 
-def report() -> dict:
+def affinity(cfg: Config, sys_root: str | None = None) -> dict:
+    """The NIC order this process would use, its GPUs and each NIC's distance, with a line."""
+    root = sys_root or SYS
+    gpu_pci = local_gpu_pci(root)
+    order, table, mode = nic_order(cfg, gpu_pci, root)
+    if mode == "R2CCL_NICS":
+        line = f"R2CCL_NICS overrides it: nic order {', '.join(order)} (as given)"
+    elif mode == "off":
+        line = f"off (R2CCL_NIC_AFFINITY=off): nic order {', '.join(order)} (interface order)"
+    elif not gpu_pci:
+        line = f"auto, but no GPU of this process found in sysfs: nic order {', '.join(order)} (interface order)"
+    else:
+        line = "nic order " + ", ".join(
+            f"{n} (distance {table[n] if table[n] is not None else 'unknown'})" for n in order)
+    return {"mode": mode, "gpu_pci": gpu_pci, "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+            "order": order, "distance": table, "line": f"affinity: {line}"}
+
+
+def report(sys_root: str | None = None) -> dict:
     try:
         cfg = Config.from_env()
         cfg_error = None
     except Exception as e:  # noqa: BLE001 - a bad setting is part of the report
         cfg, cfg_error = Config(), str(e)
-    nic_list = nics()
+    nic_list = nics(sys_root)
     gpu_list, nvml_line = gpus(nic_list)
     rdma_list, rdma_line = rdma()
     try:
-        used = cfg.nic_list()
+        aff = affinity(cfg, sys_root)
     except Exception as e:  # noqa: BLE001
-        used, cfg_error = [], cfg_error or str(e)
+        aff, cfg_error = {"order": [], "line": f"affinity: unknown ({e})"}, cfg_error or str(e)
     sources = cfg.sources()
     settings = [{"env": s.env, "value": getattr(cfg, s.field) if s.env != "R2CCL_SECRET" or not cfg.secret
                  else "(set)", "source": sources[s.env]} for s in SETTINGS]
     notes = [nvml_line, rdma_line]
     if cfg_error:
         notes.append(f"configuration error: {cfg_error}")
-    return {"host": socket.gethostname(), "nics": nic_list, "nics_used": used, "gpus": gpu_list,
-            "rdma": rdma_list, "settings": settings, "notes": notes}
+    return {"host": socket.gethostname(), "nics": nic_list, "nics_used": aff["order"], "affinity": aff,
+            "gpus": gpu_list, "rdma": rdma_list, "settings": settings, "notes": notes}
 
 
 def main(args: argparse.Namespace) -> int:
@@ -203,6 +189,9 @@ def main(args: argparse.Namespace) -> int:
               f"{n['numa_node'] if n['numa_node'] is not None else '-':>4}  {n['pci'] or '-'}"
               f"{'  ib: ' + ','.join(n['infiniband']) if n['infiniband'] else ''}")
     print(f"  used: {', '.join(r['nics_used']) or '(none)'}")
+    aff = r["affinity"]
+    print(f"  GPUs of this process (sysfs, for affinity): {', '.join(aff.get('gpu_pci') or []) or '(none)'}")
+    print(f"  {aff['line']}")
     print("\nGPUs")
     for g in r["gpus"]:
         print(f"  GPU {g['index']} {g['name']} pci {g['pci']} numa {g['numa_node']}: nearest NICs "

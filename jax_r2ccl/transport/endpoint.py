@@ -12,6 +12,7 @@ import numpy as np
 from .. import _core
 from ..config import Config
 from ..errors import R2cclError
+from .topology import local_gpu_pci, nic_order
 
 FAULTS = ("close", "stall", "rate", "heal")
 
@@ -47,7 +48,8 @@ class Endpoint:
 
     Args:
       rank, world: this process's rank and the number of processes.
-      nics: interface names or IPv4 addresses; default: the config's R2CCL_NICS.
+      nics: interface names or IPv4 addresses; default: the config's R2CCL_NICS, else the
+        interfaces that are up, nearest this process's GPUs first (R2CCL_NIC_AFFINITY).
       secret: the job secret (bytes, >= 16), identical on every rank.
       config: a Config; default Config.from_env().
     """
@@ -55,7 +57,7 @@ class Endpoint:
     def __init__(self, rank: int, world: int, nics: Sequence[str] | None = None,
                  secret: bytes | None = None, config: Config | None = None):
         self.config = config or Config.from_env()
-        self.nics = list(nics) if nics is not None else self.config.nic_list()
+        self.nics = list(nics) if nics is not None else nic_order(self.config, local_gpu_pci())[0]
         if secret is None:
             secret = self.config.secret_bytes()
         if secret is None:

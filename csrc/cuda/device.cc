@@ -1,0 +1,134 @@
+// GPU resources and the CUDA copy engine (see device.h).
+#include "cuda/device.h"
+
+#include <map>
+
+#include "base/error.h"
+#include "base/log.h"
+
+namespace r2ccl::cuda {
+
+void check(cudaError_t st, const char* what) {
+  if (st != cudaSuccess)
+    throw Error(Cause::kDevice, -1, std::string(what) + " failed: " + cudaGetErrorName(st) + " (" +
+                                        cudaGetErrorString(st) + ")");
+}
+
+namespace {
+
+class PinnedAllocator final : public stage::Allocator {
+ public:
+  void* allocate(size_t bytes) override {
+    void* p = nullptr;
+    check(cudaHostAlloc(&p, bytes, cudaHostAllocPortable), "cudaHostAlloc of staging");
+    return p;
+  }
+  void release(void* p) noexcept override { cudaFreeHost(p); }
+  const char* kind() const override { return "pinned"; }
+};
+
+// Runs a batch's `done` from the stream (a driver thread; it must not call CUDA, and does not).
+void CUDART_CB call_done(void* p) {
+  auto* fn = static_cast<std::function<void()>*>(p);
+  (*fn)();
+  delete fn;
+}
+
+class CudaCopyEngine final : public stage::CopyEngine {
+ public:
+  CudaCopyEngine(Device& d, cudaStream_t xla) : d_(d), xla_(xla) {}
+  void begin() override {
+    // Both directions follow what XLA queued before the call (the input's producer, and any
+    // earlier reader of the memory now given to the result).
+    check(cudaEventRecord(d_.begin, xla_), "cudaEventRecord on XLA's stream");
+    check(cudaStreamWaitEvent(d_.to_host, d_.begin, 0), "cudaStreamWaitEvent (copy in)");
+    check(cudaStreamWaitEvent(d_.to_device, d_.begin, 0), "cudaStreamWaitEvent (copy out)");
+  }
+  void to_host(const std::vector<stage::Copy>& copies, std::function<void()> done) override {
+    queue(copies, cudaMemcpyDeviceToHost, d_.to_host, std::move(done));
+  }
+  void to_device(const std::vector<stage::Copy>& copies, std::function<void()> done) override {
+    queue(copies, cudaMemcpyHostToDevice, d_.to_device, std::move(done));
+  }
+  void finish() override {
+    check(cudaEventRecord(d_.end, d_.to_device), "cudaEventRecord (copy out)");
+    check(cudaStreamWaitEvent(xla_, d_.end, 0), "cudaStreamWaitEvent on XLA's stream");
+  }
+  std::string failure() override {
+    for (cudaStream_t s : {d_.to_host, d_.to_device}) {
+      cudaError_t st = cudaStreamQuery(s);
+      if (st != cudaSuccess && st != cudaErrorNotReady)
+        return std::string("a staging copy failed: ") + cudaGetErrorName(st) + " (" + cudaGetErrorString(st) + ")";
+    }
+    return {};
+  }
+  void sync() override {
+    cudaError_t a = cudaStreamSynchronize(d_.to_host);
+    cudaError_t b = cudaStreamSynchronize(d_.to_device);
+    check(a, "cudaStreamSynchronize (copy in)");
+    check(b, "cudaStreamSynchronize (copy out)");
+  }
+
+ private:
+  void queue(const std::vector<stage::Copy>& copies, cudaMemcpyKind kind, cudaStream_t s, std::function<void()> done) {
+    for (const stage::Copy& c : copies) {
+      if (c.width == 0 || c.rows == 0) continue;
+      const size_t dp = c.rows == 1 ? c.width : c.dst_pitch, sp = c.rows == 1 ? c.width : c.src_pitch;
+      check(cudaMemcpy2DAsync(c.dst, dp, c.src, sp, c.width, c.rows, kind, s), "cudaMemcpy2DAsync (staging)");
+    }
+    auto* fn = new std::function<void()>(std::move(done));
+    cudaError_t st = cudaLaunchHostFunc(s, call_done, fn);
+    if (st != cudaSuccess) {
+      delete fn;
+      check(st, "cudaLaunchHostFunc");
+    }
+  }
+  Device& d_;
+  cudaStream_t xla_;
+};
+
+std::mutex g_mu;
+std::map<int, std::unique_ptr<Device>>& devices() {
+  static auto* m = new std::map<int, std::unique_ptr<Device>>();   // lives for the process
+  return *m;
+}
+
+}  // namespace
+
+Device& device(int ordinal, const Config& cfg) {
+  std::lock_guard<std::mutex> g(g_mu);
+  auto& m = devices();
+  auto it = m.find(ordinal);
+  if (it != m.end()) return *it->second;
+  auto d = std::make_unique<Device>();
+  d->ordinal = ordinal;
+  check(cudaSetDevice(ordinal), "cudaSetDevice");
+  check(cudaStreamCreateWithFlags(&d->to_host, cudaStreamNonBlocking), "cudaStreamCreate");
+  check(cudaStreamCreateWithFlags(&d->to_device, cudaStreamNonBlocking), "cudaStreamCreate");
+  check(cudaEventCreateWithFlags(&d->begin, cudaEventDisableTiming), "cudaEventCreate");
+  check(cudaEventCreateWithFlags(&d->end, cudaEventDisableTiming), "cudaEventCreate");
+  check(cudaHostAlloc(reinterpret_cast<void**>(&d->scalars), 2 * sizeof(int32_t), cudaHostAllocPortable),
+        "cudaHostAlloc");
+  d->pool = std::make_unique<stage::StagingPool>(pinned_allocator(), cfg.staging_bytes);
+  R2_INFO("cuda: device %d ready (staging bound %llu bytes)", ordinal,
+            static_cast<unsigned long long>(cfg.staging_bytes));
+  Device& ref = *d;
+  m[ordinal] = std::move(d);
+  return ref;
+}
+
+int device_of(const void* p) {
+  cudaPointerAttributes a{};
+  check(cudaPointerGetAttributes(&a, p), "cudaPointerGetAttributes");
+  if (a.type != cudaMemoryTypeDevice && a.type != cudaMemoryTypeManaged)
+    throw Error(Cause::kInvalidArgument, -1, "the collective's operand is not GPU memory");
+  return a.device;
+}
+
+std::unique_ptr<stage::CopyEngine> copy_engine(Device& dev, cudaStream_t xla_stream) {
+  return std::make_unique<CudaCopyEngine>(dev, xla_stream);
+}
+
+std::unique_ptr<stage::Allocator> pinned_allocator() { return std::make_unique<PinnedAllocator>(); }
+
+}  // namespace r2ccl::cuda

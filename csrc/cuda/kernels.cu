@@ -1,0 +1,70 @@
+// The CUDA reduction kernels (see kernels.h). A grid-stride loop over elements; each thread
+// handles kUnroll consecutive elements per step so loads coalesce. No FMA contraction can
+// occur: every operation is a single IEEE op (and the build passes -fmad=false).
+#include "cuda/kernels.h"
+
+#include <algorithm>
+
+#include "coll/reduce_ops.h"
+
+namespace r2ccl::cuda {
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kUnroll = 4;
+
+template <class T, class Op>
+__global__ void reduce_kernel(T* out, const T* a, const T* b, size_t n) {
+  const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x * kUnroll;
+  for (size_t base = (static_cast<size_t>(blockIdx.x) * blockDim.x) * kUnroll + threadIdx.x; base < n;
+       base += stride) {
+    T x[kUnroll], y[kUnroll];
+#pragma unroll
+    for (int k = 0; k < kUnroll; k++) {
+      const size_t i = base + static_cast<size_t>(k) * blockDim.x;
+      if (i < n) {
+        x[k] = a[i];
+        y[k] = b[i];
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < kUnroll; k++) {
+      const size_t i = base + static_cast<size_t>(k) * blockDim.x;
+      if (i < n) out[i] = Op::apply(x[k], y[k]);
+    }
+  }
+}
+
+struct Launch {
+  void* out;
+  const void* a;
+  const void* b;
+  size_t n;
+  cudaStream_t stream;
+  cudaError_t status = cudaSuccess;
+  template <class T, class Op>
+  void run() {
+    int dev = 0, sms = 0;
+    cudaGetDevice(&dev);
+    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || sms <= 0) sms = 80;
+    const size_t per_block = static_cast<size_t>(kThreads) * kUnroll;
+    const size_t want = (n + per_block - 1) / per_block;
+    const unsigned blocks = static_cast<unsigned>(std::max<size_t>(1, std::min<size_t>(want, 8u * sms)));
+    reduce_kernel<T, Op><<<blocks, kThreads, 0, stream>>>(static_cast<T*>(out), static_cast<const T*>(a),
+                                                          static_cast<const T*>(b), n);
+    status = cudaGetLastError();
+  }
+};
+
+}  // namespace
+
+cudaError_t reduce(coll::DType t, coll::ReduceOp op, void* out, const void* a, const void* b, size_t count,
+                   cudaStream_t stream) {
+  if (count == 0) return cudaSuccess;
+  Launch l{out, a, b, count, stream};
+  if (!coll::ops::dispatch(t, op, l)) return cudaErrorInvalidValue;
+  return l.status;
+}
+
+}  // namespace r2ccl::cuda

@@ -1,0 +1,26 @@
+// The testing hook of boundary.h.
+#include "ffi/boundary.h"
+
+#include <stdexcept>
+
+namespace r2ccl::ffi {
+
+std::atomic<int>& injected_throw() {
+  static std::atomic<int> armed{0};
+  return armed;
+}
+
+void arm_injected_throw(InjectedThrow kind) { injected_throw().store(static_cast<int>(kind)); }
+
+void maybe_throw_injected() {
+  if (injected_throw().load(std::memory_order_relaxed) == 0) return;
+  int k = injected_throw().exchange(0);
+  switch (static_cast<InjectedThrow>(k)) {
+    case InjectedThrow::kNone: return;
+    case InjectedThrow::kStd: throw std::runtime_error("injected std::runtime_error (testing)");
+    case InjectedThrow::kError: throw Error(Cause::kSystem, 3, "injected r2ccl::Error (testing)");
+    case InjectedThrow::kOther: throw 42;
+  }
+}
+
+}  // namespace r2ccl::ffi

@@ -1,0 +1,40 @@
+// The copy engine between a device's memory and host staging, as the chunk pipeline sees it.
+// CUDA: cudaMemcpy2DAsync on streams of our own, ordered after XLA's stream (csrc/cuda);
+// tests and CPU: plain memcpy on a worker thread (host_copy.h). Knows nothing of CUDA or XLA.
+#pragma once
+#include <cstddef>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace r2ccl::stage {
+
+// `rows` runs of `width` bytes: run i goes from src + i * src_pitch to dst + i * dst_pitch.
+struct Copy {
+  void* dst = nullptr;
+  const void* src = nullptr;
+  size_t width = 0;
+  size_t rows = 1;
+  size_t dst_pitch = 0;
+  size_t src_pitch = 0;
+};
+
+class CopyEngine {
+ public:
+  virtual ~CopyEngine() = default;
+  // Copies queued from now on start only after the work the caller queued before this call.
+  virtual void begin() = 0;
+  // Queue device -> host (to_host) or host -> device (to_device) copies; `done` runs once,
+  // on any thread, when they finished. It must be quick and must not call the engine.
+  // Throws r2ccl::Error (cause device) when the copies cannot be queued.
+  virtual void to_host(const std::vector<Copy>& copies, std::function<void()> done) = 0;
+  virtual void to_device(const std::vector<Copy>& copies, std::function<void()> done) = 0;
+  // The caller's work queued after this call sees every to_device copy's bytes.
+  virtual void finish() = 0;
+  // Without waiting: empty, or why a queued copy failed (its `done` will then never run).
+  virtual std::string failure() = 0;
+  // Waits until every queued copy finished; throws r2ccl::Error (device) if one failed.
+  virtual void sync() = 0;
+};
+
+}  // namespace r2ccl::stage

@@ -1,0 +1,277 @@
+// The chunk pipeline (see pipeline.h).
+#include "stage/pipeline.h"
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <vector>
+
+#include "base/error.h"
+#include "base/log.h"
+
+namespace r2ccl::stage {
+
+namespace {
+
+struct Geometry {
+  uint64_t seg = 0;   // elements of the per-rank segment that is cut into chunks
+  size_t in_rows = 1, out_rows = 1;
+};
+
+Geometry geometry(coll::Kind kind, uint64_t count, int n) {
+  const auto un = static_cast<uint64_t>(n);
+  switch (kind) {
+    case coll::Kind::kAllGather: return {count, 1, static_cast<size_t>(n)};
+    case coll::Kind::kReduceScatter: return {count / un, static_cast<size_t>(n), 1};
+    case coll::Kind::kAllToAll: return {count / un, static_cast<size_t>(n), static_cast<size_t>(n)};
+    default: return {count, 1, 1};
+  }
+}
+
+enum class St { kIdle, kToHost, kStaged, kReducing, kReduced, kToDevice, kDone };
+
+// What the callbacks (copy engine, executor) and the driving thread share. Held by
+// shared_ptr: a callback may still hold it for an instant after run_staged returned.
+struct Shared {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<St> st;
+  std::deque<int> free_slots;
+  std::vector<int> slot_of;
+  std::optional<Error> err;
+  uint64_t done = 0;
+  uint64_t events = 0;   // bumped on every callback: progress for the stall bound
+};
+
+}  // namespace
+
+uint64_t chunk_elements(coll::Kind kind, int n_ranks, size_t esize, uint64_t chunk_bytes) {
+  Geometry g = geometry(kind, 0, n_ranks);
+  const uint64_t widest = static_cast<uint64_t>(std::max(g.in_rows, g.out_rows)) * esize;
+  return std::max<uint64_t>(1, chunk_bytes / widest);
+}
+
+void abandon_staged(coll::Runtime& rt, const coll::DeviceCall& call, const PipelineOptions& opt, const Error& why) {
+  int n = 0;
+  if (!rt.check(call, &n).empty()) return;   // no chunk of it could ever be made
+  const Geometry g = geometry(call.kind, call.count, n);
+  const uint64_t U = chunk_elements(call.kind, n, coll::dtype_size(call.dtype), opt.chunk_bytes);
+  const uint64_t N = g.seg == 0 ? 1 : (g.seg + U - 1) / U;
+  for (uint64_t c = 0; c < N; c++) {
+    coll::DeviceCall sub = call;
+    sub.done = nullptr;
+    sub.op_id = call.op_id ^ ((c + 1) << 40);
+    const uint64_t len = std::min(U, g.seg - std::min(g.seg, c * U));
+    sub.count = len * g.in_rows;
+    sub.out_count = len * g.out_rows;
+    rt.abandon(sub, why);
+  }
+}
+
+PipelineResult run_staged(coll::Runtime& rt, const coll::DeviceCall& call, CopyEngine& engine, StagingPool& pool,
+                          const PipelineOptions& opt) {
+  int n = 0;
+  std::string bad = rt.check(call, &n);
+  if (!bad.empty()) throw Error(Cause::kInvalidArgument, -1, bad);
+  const size_t es = coll::dtype_size(call.dtype);
+  const Geometry g = geometry(call.kind, call.count, n);
+  const uint64_t U = chunk_elements(call.kind, n, es, opt.chunk_bytes);
+  const uint64_t N = g.seg == 0 ? 1 : (g.seg + U - 1) / U;
+  const size_t in_bytes = U * g.in_rows * es, out_bytes = U * g.out_rows * es;
+  const size_t out_at = (in_bytes + 255) / 256 * 256;
+
+  // Staging: up to `depth` steps, at least one (else the bound is too small for one step).
+  std::vector<StagingPool::Lease> slots;
+  const int want = static_cast<int>(std::min<uint64_t>(static_cast<uint64_t>(std::max(1, opt.depth)), N));
+  for (int s = 0; s < want; s++) {
+    StagingPool::Lease l = pool.try_acquire(out_at + out_bytes);
+    if (!l) break;
+    slots.push_back(std::move(l));
+  }
+  if (slots.empty()) {
+    Error e(Cause::kInvalidArgument, -1,
+                "R2CCL_STAGING_BYTES (" + std::to_string(pool.capacity()) + ") cannot hold one staging step of " +
+                    std::to_string(out_at + out_bytes) + " bytes (R2CCL_STAGING_CHUNK_BYTES " +
+                    std::to_string(opt.chunk_bytes) + ", " + coll::kind_name(call.kind) + " over " +
+                    std::to_string(n) + " ranks): raise it or lower the chunk size");
+    abandon_staged(rt, call, opt, e);
+    throw e;
+  }
+  // Chunk c's collective: the same kind over the chunk's elements, under its own op id.
+  auto make_sub = [&](uint64_t c, uint8_t* stage) {
+    coll::DeviceCall sub;
+    sub.comm_id = call.comm_id;
+    sub.group = call.group;
+    sub.rank = call.rank;
+    sub.run_id = call.run_id;
+    sub.op_id = call.op_id ^ ((c + 1) << 40);
+    sub.kind = call.kind;
+    sub.dtype = call.dtype;
+    sub.op = call.op;
+    sub.root = call.root;
+    sub.in = stage;
+    sub.out = stage ? stage + out_at : nullptr;
+    sub.count = std::min(U, g.seg - std::min(g.seg, c * U)) * g.in_rows;
+    sub.out_count = std::min(U, g.seg - std::min(g.seg, c * U)) * g.out_rows;
+    return sub;
+  };
+  // Chunks this rank will not make (after an error): the process's other local ranks must
+  // not wait for them.
+  auto abandon_from = [&](uint64_t first, const Error& e) {
+    for (uint64_t c = first; c < N; c++) rt.abandon(make_sub(c, nullptr), e);
+  };
+  PipelineResult res;
+  res.chunks = N;
+  res.depth = static_cast<int>(slots.size());
+  for (auto& l : slots) res.staged_bytes += l.size();
+
+  auto sh = std::make_shared<Shared>();
+  sh->st.assign(N, St::kIdle);
+  sh->slot_of.assign(N, -1);
+  for (int s = 0; s < static_cast<int>(slots.size()); s++) sh->free_slots.push_back(s);
+
+  auto len_of = [&](uint64_t c) { return std::min(U, g.seg - std::min(g.seg, c * U)); };
+  auto dev_in = static_cast<const uint8_t*>(call.in);
+  auto dev_out = static_cast<uint8_t*>(call.out);
+  const size_t seg_bytes = g.seg * es;
+  // Chunk c's copies: `rows` runs of len*es bytes, one per rank block, packed in staging.
+  auto copies_in = [&](uint64_t c, uint8_t* stage) {
+    const size_t w = len_of(c) * es;
+    return std::vector<Copy>{{stage, dev_in + c * U * es, w, g.in_rows, w, seg_bytes}};
+  };
+  auto copies_out = [&](uint64_t c, uint8_t* stage) {
+    const size_t w = len_of(c) * es;
+    return std::vector<Copy>{{dev_out + c * U * es, stage, w, g.out_rows, seg_bytes, w}};
+  };
+
+  engine.begin();
+  uint64_t next_in = 0, next_sub = 0;
+  bool any_out = false;
+  const auto stall = std::chrono::duration<double>(opt.timeout_s);
+  auto last_progress = std::chrono::steady_clock::now();
+  uint64_t seen_events = 0;
+  std::unique_lock<std::mutex> lk(sh->mu);
+  auto outstanding = [&] {
+    for (uint64_t c = 0; c < next_in; c++)
+      if (sh->st[c] == St::kToHost || sh->st[c] == St::kReducing || sh->st[c] == St::kToDevice) return true;
+    return false;
+  };
+  for (;;) {
+    bool acted = false;
+    // 1. copy in, while a step's staging is free
+    while (!sh->err && next_in < N && !sh->free_slots.empty()) {
+      const uint64_t c = next_in++;
+      const int s = sh->free_slots.front();
+      sh->free_slots.pop_front();
+      sh->slot_of[c] = s;
+      sh->st[c] = St::kToHost;
+      lk.unlock();
+      try {
+        engine.to_host(copies_in(c, slots[static_cast<size_t>(s)].data()), [sh, c] {
+          std::lock_guard<std::mutex> gl(sh->mu);
+          sh->st[c] = St::kStaged;
+          sh->events++;
+          sh->cv.notify_all();
+        });
+        lk.lock();
+      } catch (const Error& e) {
+        lk.lock();
+        sh->st[c] = St::kDone;
+        if (!sh->err) sh->err = e;
+      }
+      acted = true;
+    }
+    // 2. hand staged chunks to the runtime, in order
+    while (!sh->err && next_sub < next_in && sh->st[next_sub] == St::kStaged) {
+      const uint64_t c = next_sub++;
+      sh->st[c] = St::kReducing;
+      uint8_t* stage = slots[static_cast<size_t>(sh->slot_of[c])].data();
+      coll::DeviceCall sub = make_sub(c, stage);
+      sub.done = [sh, c](const Error* e) {
+        std::lock_guard<std::mutex> gl(sh->mu);
+        if (e) {
+          if (!sh->err) sh->err = *e;
+          sh->st[c] = St::kDone;
+          sh->free_slots.push_back(sh->slot_of[c]);
+          sh->done++;
+        } else {
+          sh->st[c] = St::kReduced;
+        }
+        sh->events++;
+        sh->cv.notify_all();
+      };
+      lk.unlock();
+      rt.device_call(std::move(sub));   // may complete (or fail) at once
+      lk.lock();
+      acted = true;
+    }
+    // 3. copy out whatever the runtime finished (any order: the chunks are disjoint)
+    for (uint64_t c = 0; c < next_sub; c++) {
+      if (sh->st[c] != St::kReduced) continue;
+      sh->st[c] = St::kToDevice;
+      uint8_t* stage = slots[static_cast<size_t>(sh->slot_of[c])].data() + out_at;
+      lk.unlock();
+      try {
+        engine.to_device(copies_out(c, stage), [sh, c] {
+          std::lock_guard<std::mutex> gl(sh->mu);
+          sh->st[c] = St::kDone;
+          sh->free_slots.push_back(sh->slot_of[c]);
+          sh->done++;
+          sh->events++;
+          sh->cv.notify_all();
+        });
+        lk.lock();
+        any_out = true;
+      } catch (const Error& e) {
+        lk.lock();
+        sh->st[c] = St::kDone;
+        if (!sh->err) sh->err = e;
+      }
+      acted = true;
+    }
+    if (sh->done == N) break;
+    if (sh->err && !outstanding()) break;
+    if (acted) continue;
+    sh->cv.wait_for(lk, std::chrono::milliseconds(10));
+    if (sh->events != seen_events) {
+      seen_events = sh->events;
+      last_progress = std::chrono::steady_clock::now();
+      continue;
+    }
+    lk.unlock();
+    std::string why = engine.failure();
+    lk.lock();
+    // A copy that failed never signals: stop waiting for it. A chunk's collective always
+    // ends (its own timeouts bound it), so only copies can stall this loop.
+    if (!why.empty() || std::chrono::steady_clock::now() - last_progress > stall) {
+      if (!sh->err)
+        sh->err = Error(why.empty() ? Cause::kTimeout : Cause::kDevice, -1,
+                        why.empty() ? "staging copies made no progress for R2CCL_TIMEOUT" : why);
+      bool reducing = false;
+      for (uint64_t c = 0; c < next_in; c++) reducing |= sh->st[c] == St::kReducing;
+      if (!reducing) break;   // only copies are left: sync() below waits for them or reports them
+    }
+  }
+  if (sh->err) {
+    Error e = *sh->err;
+    lk.unlock();
+    abandon_from(next_sub, e);
+  } else {
+    lk.unlock();
+  }
+  try {
+    if (!sh->err && any_out) engine.finish();
+    engine.sync();   // throws when a copy failed; returns with nothing of ours in flight
+  } catch (const Error& e) {
+    std::lock_guard<std::mutex> gl(sh->mu);
+    if (!sh->err) sh->err = e;   // chunks were all made: nothing left to abandon
+  }
+  if (sh->err) throw *sh->err;
+  return res;
+}
+
+}  // namespace r2ccl::stage

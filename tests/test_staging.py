@@ -1,0 +1,88 @@
+"""The chunk pipeline of the GPU platform (csrc/stage), run on CPU with memcpy standing in for
+the copy engine, between real processes over the multi-rail transport: device -> staging ->
+transport -> staging -> device, in chunks, through the same runtime rendezvous a GPU's launch
+thread uses. Every result is checked bit for bit against the canonical-order reference."""
+
+import pytest
+
+from harness import run_ranks
+
+DTYPES = ["float32", "float64", "float16", "bfloat16", "int8", "uint8", "int32", "uint32", "int64", "uint64"]
+
+
+def _cases(n):
+    cases = []
+    for i, dt in enumerate(DTYPES):
+        op = ["sum", "prod", "min", "max"][i % 4]
+        cases += [("all_reduce", dt, op, 3001, 0), ("reduce_scatter", dt, "sum", n * 1001, 0),
+                  ("all_gather", dt, "sum", 1003, 0), ("all_to_all", dt, "sum", n * 777, 0),
+                  ("broadcast", dt, "sum", 999, n - 1)]
+    cases += [("all_reduce", "bool", "max", 5000, 0), ("all_reduce", "float32", "sum", 0, 0),
+              ("all_reduce", "float32", "sum", 1, 0)]
+    return cases
+
+
+@pytest.mark.parametrize("world,local", [(2, 1), (2, 2), (3, 2)])
+def test_every_kind_and_dtype_through_staging_is_bit_exact(world, local):
+    # 4 KiB steps: every case is cut into several chunks, the last one short
+    rs = run_ranks("staged_collective", world, timeout=240,
+                   args={"cases": _cases(world * local), "local": local, "chunk_bytes": 4096, "pool_bytes": 1 << 20})
+    for r in rs:
+        res = r["result"]
+        assert res["errors"] == [] and res["bad"] == [], (res["errors"], res["bad"])
+        assert max(res["chunks"]) >= 4, res["chunks"]
+
+
+def test_large_staged_all_reduce_is_cut_into_chunks_and_reuses_its_pool():
+    cases = [("all_reduce", "float32", "sum", 4_000_000, 0), ("all_gather", "bfloat16", "sum", 1_000_001, 0),
+             ("reduce_scatter", "float32", "sum", 2 * 1_500_000, 0)]
+    rs = run_ranks("staged_collective", 2, timeout=240,
+                   args={"cases": cases, "chunk_bytes": 1 << 20, "pool_bytes": 8 << 20, "repeat": 3})
+    for r in rs:
+        res = r["result"]
+        assert res["errors"] == [] and res["bad"] == [], (res["errors"], res["bad"])
+        assert res["chunks"][0] == 16, res["chunks"]          # 16 MB in 1 MiB steps
+        first, *later = res["allocations"]
+        assert all(a == first for a in later), res["allocations"]   # nothing allocated after the first round
+        pool = res["pools"]["0"] if "0" in res["pools"] else next(iter(res["pools"].values()))
+        assert pool["allocated_bytes"] <= pool["capacity_bytes"] and pool["in_use_bytes"] == 0, pool
+        assert pool["reuses"] > 0, pool
+
+
+def test_a_rail_fault_in_the_middle_of_a_staged_all_reduce_is_bit_exact():
+    # 4 rails at 40 MB/s: 64 MiB moves for ~0.4 s; rail 2 is cut at 0.1 s
+    cases = [("all_reduce", "float32", "sum", 16 << 20, 0)] * 2
+    rs = run_ranks("staged_collective", 2, timeout=180, args={
+        "cases": cases, "chunk_bytes": 4 << 20, "pool_bytes": 32 << 20, "rate": 40e6,
+        "fault": {"case": 0, "after_s": 0.1, "rail": 2, "fault": "close"}})
+    for r in rs:
+        res = r["result"]
+        assert res["errors"] == [] and res["bad"] == [], (res["errors"], res["bad"])
+    assert rs[0]["result"]["stats"]["1"][2]["failures"] >= 1
+
+
+def test_a_staging_bound_too_small_for_one_step_is_a_clear_error_on_every_process():
+    cases = [("all_reduce", "float32", "sum", 100_000, 0)]
+    rs = run_ranks("staged_collective", 2, timeout=120,
+                   args={"cases": cases, "chunk_bytes": 1 << 20, "pool_bytes": 1 << 20})
+    for r in rs:
+        errs = r["result"]["errors"]
+        assert len(errs) == 1, errs
+        e = next(iter(errs[0]["errors"].values()))
+        assert e["cause"] == "invalid_argument" and "R2CCL_STAGING_BYTES" in e["error"], e
+
+
+def test_a_failed_copy_fails_the_call_without_a_hang_and_the_next_call_works():
+    # rank 0's third copy batch fails: its call reports the device error; the peer's chunk that
+    # never meets its partner ends at R2CCL_TIMEOUT (bounded), and the next collective is exact
+    cases = [("all_reduce", "float32", "sum", 50_000, 0), ("all_reduce", "int32", "sum", 40_000, 0)]
+    rs = run_ranks("staged_collective", 2, timeout=120, config={"timeout_s": 3.0},
+                   args={"cases": cases, "chunk_bytes": 16 << 10, "pool_bytes": 1 << 20,
+                         "fail_copy": {"case": 0, "rank": 0, "batch": 2}})
+    e0 = rs[0]["result"]["errors"]
+    assert len(e0) == 1 and e0[0]["case"] == 0, e0
+    assert e0[0]["errors"]["0"]["cause"] == "device", e0
+    for r in rs:
+        assert r["result"]["bad"] == [], r["result"]["bad"]
+        assert all(e["case"] == 0 for e in r["result"]["errors"]), r["result"]["errors"]
+    assert len(rs[1]["result"]["errors"]) == 1   # the peer's call fails too (a timeout), not hangs
