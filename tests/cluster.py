@@ -102,10 +102,12 @@ def run_ranks(func: str, world: int, *, config: dict, args: dict, timeout: float
 
 
 def run_jax_ranks(func: str, world: int, *, local: int, args: dict, config: dict, timeout: float,
-                  expect_fail: bool) -> list[dict]:
+                  expect_fail: bool, platform: str = "cpu") -> list[dict]:
     """tests/jax_rank_main.run_jax_ranks on the cluster's hosts: every host takes part."""
     st = _init()
     import jax
+    if jax.default_backend() != {"cuda": "gpu"}.get(platform, platform):
+        pytest.skip(f"a {platform} test; this run's JAX platform is {jax.default_backend()} (set JAX_PLATFORMS)")
     if world != st["size"] or local != jax.local_device_count():
         pytest.skip(f"needs {world} hosts x {local} devices; this run has {st['size']} x "
                     f"{jax.local_device_count()}")

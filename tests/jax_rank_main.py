@@ -46,23 +46,35 @@ def _package_parent() -> str:
 _STARTUP_FAILURES = ("CoordinationService/RegisterTask", "Failed to bind", "Address already in use")
 
 
+def _platform_env(platform: str, local: int, world: int) -> dict:
+    """The environment of one test process: `local` CPU devices, or the GPUs with a share of
+    their memory (processes that share a GPU must not each take 75% of it)."""
+    if platform == "cpu":
+        return {"JAX_PLATFORMS": "cpu", "XLA_FLAGS": f"--xla_force_host_platform_device_count={local}"}
+    return {"JAX_PLATFORMS": platform, "XLA_PYTHON_CLIENT_PREALLOCATE": "false",
+            "XLA_PYTHON_CLIENT_MEM_FRACTION": f"{max(0.05, 0.8 / world):.2f}"}
+
+
 def run_jax_ranks(func: str, world: int, *, local: int = 1, args: dict | None = None, config: dict | None = None,
-                  timeout: float = 120.0, expect_fail: bool = False) -> list[dict]:
+                  timeout: float = 120.0, expect_fail: bool = False, platform: str = "cpu") -> list[dict]:
     """_run_jax_ranks, started once more on a fresh port when jax.distributed itself failed
-    to start (see _STARTUP_FAILURES); any other failure is reported as it is."""
+    to start (see _STARTUP_FAILURES); any other failure is reported as it is.
+
+    platform "cuda": every process sees the machine's GPUs (`local` must be their number,
+    usually 1: several processes then share one GPU, each with a slice of its memory)."""
     try:
         return _run_jax_ranks(func, world, local=local, args=args, config=config, timeout=timeout,
-                              expect_fail=expect_fail)
+                              expect_fail=expect_fail, platform=platform)
     except RankFailed as e:
         if not any(m in str(e) for m in _STARTUP_FAILURES):
             raise
         print(f"run_jax_ranks({func}): jax.distributed did not start; once more on another port", file=sys.stderr)
         return _run_jax_ranks(func, world, local=local, args=args, config=config, timeout=timeout,
-                              expect_fail=expect_fail)
+                              expect_fail=expect_fail, platform=platform)
 
 
 def _run_jax_ranks(func: str, world: int, *, local: int = 1, args: dict | None = None, config: dict | None = None,
-                   timeout: float = 120.0, expect_fail: bool = False) -> list[dict]:
+                   timeout: float = 120.0, expect_fail: bool = False, platform: str = "cpu") -> list[dict]:
     """Returns one dict per process: {"ok": True, "result": ..., "seconds": {...}} or
     {"ok": False, "error": str}. Raises RankFailed on a crash, a timeout, or (unless
     expect_fail) a worker exception."""
@@ -71,20 +83,19 @@ def _run_jax_ranks(func: str, world: int, *, local: int = 1, args: dict | None =
     import cluster
     if cluster.active():
         return cluster.run_jax_ranks(func, world, local=local, args=args or {}, config=cfg, timeout=timeout,
-                                     expect_fail=expect_fail)
+                                     expect_fail=expect_fail, platform=platform)
     port = _free_port()
     with tempfile.TemporaryDirectory(prefix="r2ccl-jax-") as tmp:
         procs = []
         for rank in range(world):
             spec = {"func": func, "rank": rank, "world": world, "local": local, "port": port, "config": cfg,
-                    "args": args or {}, "out": os.path.join(tmp, f"out{rank}.json")}
+                    "args": args or {}, "out": os.path.join(tmp, f"out{rank}.json"), "platform": platform}
             path = os.path.join(tmp, f"spec{rank}.json")
             with open(path, "w") as f:
                 json.dump(spec, f)
             env = dict(os.environ)
             env["PYTHONPATH"] = os.pathsep.join(filter(None, [_package_parent(), HERE, env.get("PYTHONPATH", "")]))
-            env["JAX_PLATFORMS"] = "cpu"
-            env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={local}"
+            env.update(_platform_env(platform, local, world))
             env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
             procs.append((subprocess.Popen([sys.executable, os.path.join(HERE, "jax_rank_main.py"), path],
                                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
@@ -110,8 +121,7 @@ def main():
     with open(sys.argv[1]) as f:
         spec = json.load(f)
     rank, world, local = spec["rank"], spec["world"], spec["local"]
-    os.environ["JAX_PLATFORMS"] = "cpu"
-    os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={local}"
+    os.environ.update(_platform_env(spec.get("platform", "cpu"), local, world))
     out = {"ok": False, "error": ""}
     t0 = time.monotonic()
     client = None

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import threading
 import time
 
 import numpy as np
@@ -609,4 +610,149 @@ def ffi_boundary(rank, world, local):
     out["wrong_dtype_result"] = attempt(raw((1, 16), np.int32), x)
     out["after_all"] = attempt(f, x)
     out["want"] = want
+    return out
+
+
+# ---------------------------------------------------------------------------- GPU platform
+# These run where the processes' JAX platform is "cuda" (tests/test_gpu.py); they compare
+# against a host reference in canonical order, never against jax.lax (NCCL refuses two
+# processes on one GPU, the usual shape of a one-GPU check machine).
+
+def _mesh_1d():
+    jax, jnp, Mesh, NamedSharding, P = _jax()
+    devs = np.array(sorted(jax.devices(), key=lambda d: (d.process_index, d.id)))
+    return Mesh(devs, ("x",)), [int(d.process_index) for d in devs]
+
+
+def _per_rank_array(mesh, blocks):
+    """A (n * count,) array sharded over "x" whose block r is blocks[r]."""
+    jax, jnp, Mesh, NamedSharding, P = _jax()
+    count = blocks[0].size
+    return jax.make_array_from_callback((len(blocks) * count,), NamedSharding(mesh, P("x")),
+                                        lambda idx: blocks[(idx[0].start or 0) // count])
+
+
+def gpu_matrix(rank, world, local, sizes=(1000, 3_000_001)):
+    """Every op x dtype on the GPUs of every process, bit for bit against the canonical-order
+    host reference; the large size runs in several staging chunks."""
+    jax, jnp, Mesh, NamedSharding, P = _jax()
+    import jax_r2ccl
+    from workers import _rank_input, host_reference
+    mesh, proc_of = _mesh_1d()
+    n = len(proc_of)
+    ops = {"psum": ("all_reduce", "sum", lambda v: jax_r2ccl.psum(v, "x")),
+           "pmax": ("all_reduce", "max", lambda v: jax_r2ccl.pmax(v, "x")),
+           "pmin": ("all_reduce", "min", lambda v: jax_r2ccl.pmin(v, "x")),
+           "all_gather": ("all_gather", "sum", lambda v: jax_r2ccl.all_gather(v, "x", tiled=True)),
+           "psum_scatter": ("reduce_scatter", "sum", lambda v: jax_r2ccl.psum_scatter(v, "x", tiled=True)),
+           "all_to_all": ("all_to_all", "sum", lambda v: jax_r2ccl.all_to_all(v, "x", 0, 0, tiled=True))}
+    bad, ran = [], 0
+    for size in sizes:
+        for dtype in DTYPES + ["bool"]:
+            if size > 1000 and dtype not in ("float32", "bfloat16"):
+                continue
+            for name, (kind, op, body) in ops.items():
+                if dtype == "bool" and name not in ("pmax", "pmin", "all_gather", "all_to_all"):
+                    continue
+                count = size - size % n if kind in ("reduce_scatter", "all_to_all") else size
+                ins = [_rank_input(kind, dtype, count, r, seed=ran) for r in range(n)]
+                x = _per_rank_array(mesh, ins)
+                f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("x"), out_specs=P("x"), check_vma=False))
+                got = jax.block_until_ready(f(x))
+                ref = host_reference(kind, op, ins, proc_of)
+                for shard in got.addressable_shards:
+                    r = int(mesh.devices.tolist().index(shard.device))
+                    o = np.asarray(shard.data)
+                    if o.tobytes() != ref[r].tobytes():
+                        bad.append({"op": name, "dtype": dtype, "size": count, "rank": r})
+                ran += 1
+    return {"bad": bad, "ran": ran}
+
+
+def gpu_rail_fault(rank, world, local, count=16 << 20, rate=40e6, after_s=0.1):
+    """A rail taken down while a 64 MiB psum of GPU buffers is on the wire: the result is
+    bit-exact and the rail is seen failing."""
+    jax, jnp, Mesh, NamedSharding, P = _jax()
+    import jax_r2ccl
+    from jax_r2ccl._src import runtime
+    from workers import _rank_input, host_reference
+    mesh, proc_of = _mesh_1d()
+    n = len(proc_of)
+    ep = runtime.current().endpoint
+    for peer in range(world):
+        if peer != rank:
+            for s in ep.rail_stats(peer):
+                ep.inject(peer, s["rail"], "rate", rate)
+    ins = [_rank_input("all_reduce", "float32", count, r, seed=5) for r in range(n)]
+    x = _per_rank_array(mesh, ins)
+    f = jax.jit(jax.shard_map(lambda v: jax_r2ccl.psum(v, "x"), mesh=mesh, in_specs=P("x"), out_specs=P("x"),
+                              check_vma=False))
+    _barrier("gpu-fault-start")
+    timer = None
+    if rank == 0 and world > 1:
+        timer = threading.Timer(after_s, lambda: ep.inject(1, 1, "close"))
+        timer.start()
+    got = jax.block_until_ready(f(x))
+    if timer:
+        timer.join()
+    ref = host_reference("all_reduce", "sum", ins, proc_of)
+    bad = [int(mesh.devices.tolist().index(s.device)) for s in got.addressable_shards
+           if np.asarray(s.data).tobytes() != ref[0].tobytes()]
+    failures = sum(s["failures"] for p in range(world) if p != rank for s in ep.rail_stats(p))
+    return {"bad": bad, "rail_failures": failures}
+
+
+def gpu_train_step(rank, world, local, steps=4):
+    """A data-parallel training step on the GPUs with plain jax.lax.psum under the lowering
+    swap: the program holds the r2ccl custom call and no XLA all-reduce; each step's summed
+    gradient equals the canonical host fold of the devices' own gradients, bit for bit; every
+    device ends with the same parameters; the loss goes down."""
+    jax, jnp, Mesh, NamedSharding, P = _jax()
+    import jax_r2ccl
+    from workers import _fold
+    mesh, proc_of = _mesh_1d()
+    n = len(proc_of)
+    rng = np.random.default_rng(3)
+    d_in, d_out, per = 64, 16, 32
+    w_true = rng.standard_normal((d_in, d_out)).astype(np.float32)
+    xs = rng.standard_normal((n * per, d_in)).astype(np.float32)
+    ys = xs @ w_true
+    X = jax.device_put(xs, NamedSharding(mesh, P("x")))
+    Y = jax.device_put(ys, NamedSharding(mesh, P("x")))
+    w = jax.device_put(np.zeros((n * d_in, d_out), np.float32), NamedSharding(mesh, P("x")))   # replicated by hand
+
+    def loss(wl, xl, yl):
+        return jnp.mean((xl @ wl - yl) ** 2)
+
+    def step(wl, xl, yl):
+        lv, g = jax.value_and_grad(loss)(wl, xl, yl)
+        gs = jax.lax.psum(g, "x")
+        return wl - 0.0625 * (gs * 0.5), g, gs, jnp.reshape(lv, (1,))
+
+    with jax_r2ccl.enabled():
+        f = jax.jit(jax.shard_map(step, mesh=mesh, in_specs=(P("x"), P("x"), P("x")),
+                                  out_specs=(P("x"), P("x"), P("x"), P("x")), check_vma=False))
+        hlo = f.lower(w, X, Y).as_text()
+    out = {"custom_call": "r2ccl_collective" in hlo, "xla_all_reduce": "all-reduce" in hlo or "all_reduce" in hlo,
+           "bad_sums": [], "losses": [], "params_differ": False}
+    for it in range(steps):
+        w, g, gs, lv = jax.block_until_ready(f(w, X, Y))
+        local_g = {int(mesh.devices.tolist().index(s.device)): np.asarray(s.data) for s in g.addressable_shards}
+        # every process's local gradients, through the coordination service
+        from jax_r2ccl._compat.jax_kv import distributed_client
+        cl = distributed_client()
+        for r, a in local_g.items():
+            cl.key_value_set_bytes(f"r2ccl-test-g/{it}/{r}", a.tobytes())
+        allg = [np.frombuffer(cl.blocking_key_value_get_bytes(f"r2ccl-test-g/{it}/{r}", 60_000), np.float32)
+                .reshape(d_in, d_out) for r in range(n)]
+        procs = list(dict.fromkeys(proc_of))
+        partial = [_fold("sum", [allg[r] for r in range(n) if proc_of[r] == p]) for p in procs]
+        want = _fold("sum", partial)
+        for s in gs.addressable_shards:
+            if np.asarray(s.data).tobytes() != want.tobytes():
+                out["bad_sums"].append(it)
+        ws = [np.asarray(s.data).tobytes() for s in w.addressable_shards]
+        out["params_differ"] |= len(set(ws)) > 1
+        out["losses"].append(float(np.asarray(lv.addressable_shards[0].data)[0]))
+    out["param_digest"] = digest(np.asarray(w.addressable_shards[0].data))
     return out

@@ -95,7 +95,7 @@ std::map<int, std::unique_ptr<Device>>& devices() {
 
 }  // namespace
 
-Device& device(int ordinal, const Config& cfg) {
+Device& device_state(int ordinal, const Config& cfg) {
   std::lock_guard<std::mutex> g(g_mu);
   auto& m = devices();
   auto it = m.find(ordinal);

@@ -29,7 +29,7 @@ struct Device {
 };
 
 // The GPU's resources (made on first use with `cfg`'s staging bound); throws Error.
-Device& device(int ordinal, const Config& cfg);
+Device& device_state(int ordinal, const Config& cfg);
 // The GPU a device pointer lives on; throws Error.
 int device_of(const void* p);
 

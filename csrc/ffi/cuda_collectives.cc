@@ -49,7 +49,7 @@ xffi::Error collective_body(Progress& pr, cudaStream_t stream, xffi::RunId run_i
   int prev = -1;
   cuda::check(cudaGetDevice(&prev), "cudaGetDevice");
   const int ordinal = c.count > 0 ? cuda::device_of(c.in) : prev;
-  cuda::Device& dev = cuda::device(ordinal, rt->config());
+  cuda::Device& dev = cuda::device_state(ordinal, rt->config());
   std::lock_guard<std::mutex> one_at_a_time(dev.busy);
   cuda::check(cudaSetDevice(ordinal), "cudaSetDevice");
   struct Restore {

@@ -19,6 +19,7 @@
 #include "coll/runtime.h"
 #include "monitor/monitor.h"
 #include "ffi/handlers.h"
+#include "cuda/api.h"
 #include "stage/host_copy.h"
 #include "stage/pipeline.h"
 #include "stage/pool.h"
@@ -425,6 +426,65 @@ NB_MODULE(_core, m) {
     d["archs"] = i.archs;
     return d;
   });
+  m.def(
+      "host_reduce",
+      [](const std::string& dtype, const std::string& op, Buffer a, Buffer b) {
+        coll::DType t;
+        coll::ReduceOp o;
+        if (!coll::parse_dtype(dtype, &t)) throw Error(Cause::kInvalidArgument, -1, "unknown dtype " + dtype);
+        if (!coll::parse_reduce_op(op, &o)) throw Error(Cause::kInvalidArgument, -1, "unknown op " + op);
+        if (a.nbytes() != b.nbytes() || a.nbytes() % coll::dtype_size(t) != 0)
+          throw Error(Cause::kInvalidArgument, -1, "operands of different or odd sizes");
+        std::string out(a.nbytes(), '\0');
+        coll::reduce(t, o, out.data(), a.data(), b.data(), a.nbytes() / coll::dtype_size(t));
+        return nb::bytes(out.data(), out.size());
+      },
+      nb::arg("dtype"), nb::arg("op"), nb::arg("a"), nb::arg("b"),
+      "a (op) b by the host reduction kernels (uint8 views in, bytes out): the reference of the CUDA kernels.");
+  m.def(
+      "cuda_testing_reduce",
+      [](const std::string& dtype, const std::string& op, Buffer a, Buffer b, int device) {
+        coll::DType t;
+        coll::ReduceOp o;
+        if (!coll::parse_dtype(dtype, &t)) throw Error(Cause::kInvalidArgument, -1, "unknown dtype " + dtype);
+        if (!coll::parse_reduce_op(op, &o)) throw Error(Cause::kInvalidArgument, -1, "unknown op " + op);
+        if (a.nbytes() != b.nbytes() || a.nbytes() % coll::dtype_size(t) != 0)
+          throw Error(Cause::kInvalidArgument, -1, "operands of different or odd sizes");
+        std::string out(a.nbytes(), '\0');
+        std::string err;
+        {
+          nb::gil_scoped_release nogil;
+          err = cuda::testing_reduce(t, o, out.data(), a.data(), b.data(), a.nbytes() / coll::dtype_size(t), device);
+        }
+        if (!err.empty()) throw Error(Cause::kDevice, -1, err);
+        return nb::bytes(out.data(), out.size());
+      },
+      nb::arg("dtype"), nb::arg("op"), nb::arg("a"), nb::arg("b"), nb::arg("device") = 0,
+      "Testing: a (op) b by the CUDA reduction kernel on `device` (uint8 views in, bytes out).");
+  m.def(
+      "cuda_bench",
+      [](uint64_t bytes, int iters, int device, uint64_t chunk_bytes) {
+        std::vector<cuda::BenchRow> rows;
+        {
+          nb::gil_scoped_release nogil;
+          rows = cuda::bench(bytes, iters, device, chunk_bytes);
+        }
+        nb::list out;
+        for (auto& r : rows) {
+          nb::dict d;
+          d["what"] = r.what;
+          d["baseline"] = r.baseline;
+          d["bytes"] = r.bytes;
+          d["seconds"] = r.seconds;
+          d["baseline_seconds"] = r.baseline_seconds;
+          d["GBps"] = r.gbps;
+          d["baseline_GBps"] = r.baseline_gbps;
+          out.append(d);
+        }
+        return out;
+      },
+      nb::arg("bytes"), nb::arg("iters"), nb::arg("device") = 0, nb::arg("chunk_bytes") = 4 << 20,
+      "The GPU check's copy and kernel rows (staging vs pinned cudaMemcpy, reduce kernel vs D2D copy).");
   m.def(
       "testing_throw_in_next_handler",
       [](const std::string& what) {

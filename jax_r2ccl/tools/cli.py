@@ -47,6 +47,12 @@ def build_parser(prog: str = "jax-r2ccl") -> argparse.ArgumentParser:
         collective.add_args(c)
         c.set_defaults(handler=_runs("bench.collective", jax_cpu=True))
 
+    from .bench import gpu
+    g = bench_sub.add_parser("gpu", help="the GPU check's table: staging, kernels, FFI overhead, busbw on GPU vs CPU",
+                             description=gpu.__doc__)
+    gpu.add_args(g)
+    g.set_defaults(handler=_runs("bench.gpu"))
+
     from .bench import timeline
     t = bench_sub.add_parser("timeline", help="per-rail throughput over time through a fault sequence (JSON + PNG)",
                              description=timeline.__doc__)

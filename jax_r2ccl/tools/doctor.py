@@ -108,6 +108,19 @@ def gpus(nic_list: list[dict]) -> tuple[list[dict], str]:
     return out, f"NVML: {len(out)} GPU(s)"
 
 
+def cuda_line() -> str:
+    """What the CUDA part of this build is and sees."""
+    from .. import _core
+    i = _core.cuda_info()
+    if not i["built"]:
+        return f"CUDA part: not built ({i['error']})"
+    v = i["runtime_version"]
+    line = f"CUDA part: built for {', '.join(i['archs'])} (cudart {v // 1000}.{v % 1000 // 10}, static)"
+    if i["devices"]:
+        return line + f"; {i['devices']} GPU(s): {', '.join(i['pci_bus_ids'])}"
+    return line + f"; no GPU visible ({i['error'] or 'none'})"
+
+
 def rdma() -> tuple[list[dict], str]:
     devs = []
     if os.path.isdir(SYS_IB):
@@ -164,7 +177,7 @@ def report(sys_root: str | None = None) -> dict:
     sources = cfg.sources()
     settings = [{"env": s.env, "value": getattr(cfg, s.field) if s.env != "R2CCL_SECRET" or not cfg.secret
                  else "(set)", "source": sources[s.env]} for s in SETTINGS]
-    notes = [nvml_line, rdma_line]
+    notes = [nvml_line, rdma_line, cuda_line()]
     if cfg_error:
         notes.append(f"configuration error: {cfg_error}")
     return {"host": socket.gethostname(), "nics": nic_list, "nics_used": aff["order"], "affinity": aff,
