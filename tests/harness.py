@@ -94,8 +94,8 @@ def run_ranks(func: str, world: int, *, nics=None, config: dict | None = None, a
                                     "cause": "died", "peer": -1})
                     results[-1]["output"] = outputs[i]
                     continue
-                raise RankFailed(f"{func}: rank {i} exited with {p.returncode} and no result\n"
-                                 f"{outputs[i][-3000:]}") from None
+                shown = outputs[i] if os.environ.get("R2CCL_TEST_FULL_OUTPUT") else outputs[i][-3000:]
+                raise RankFailed(f"{func}: rank {i} exited with {p.returncode} and no result\n{shown}") from None
             results[-1]["output"] = outputs[i]
         if not expect_fail:
             bad = [(i, r) for i, r in enumerate(results) if not r["ok"] and not r.get("died")]

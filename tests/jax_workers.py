@@ -756,3 +756,20 @@ def gpu_train_step(rank, world, local, steps=4):
         out["losses"].append(float(np.asarray(lv.addressable_shards[0].data)[0]))
     out["param_digest"] = digest(np.asarray(w.addressable_shards[0].data))
     return out
+
+
+def gpu_subnormals(rank, world, local):
+    """Where GPU and CPU arithmetic differ: jax_r2ccl reduces with XLA CPU's rules on both
+    platforms (float32 subnormals read as zero), while XLA:GPU's own add keeps them. Returns
+    both, from the same GPU program inputs."""
+    jax, jnp, Mesh, NamedSharding, P = _jax()
+    import jax_r2ccl
+    mesh, proc_of = _mesh_1d()
+    n = len(proc_of)
+    tiny = np.float32(1e-45)   # the smallest float32 subnormal
+    x = _per_rank_array(mesh, [np.full(4, tiny, np.float32) for _ in range(n)])
+    f = jax.jit(jax.shard_map(lambda v: (jax_r2ccl.psum(v, "x"), v + v), mesh=mesh, in_specs=P("x"),
+                              out_specs=(P("x"), P("x")), check_vma=False))
+    s, d = jax.block_until_ready(f(x))
+    return {"r2ccl_psum": float(np.asarray(s.addressable_shards[0].data)[0]),
+            "xla_gpu_add": float(np.asarray(d.addressable_shards[0].data)[0])}

@@ -93,3 +93,14 @@ def test_processes_that_disagree_on_gpu_get_an_error_on_every_process():
         res = r["result"]
         assert res["error"] and "[r2ccl " in res["error"], res
         assert res["after"]["ok"] and res["after"]["value"] == res["after"]["expected"], res
+
+
+def test_where_gpu_and_cpu_arithmetic_differ_r2ccl_follows_the_cpu_rules():
+    # docs/design.md §9: a float32 subnormal reads as zero in jax_r2ccl's reductions on both
+    # platforms (XLA CPU's DAZ/FTZ, reproduced in integer logic); XLA:GPU's own add does not
+    # flush, which this test records beside it
+    rs = _run("gpu_subnormals", timeout=180)
+    for r in rs:
+        res = r["result"]
+        assert res["r2ccl_psum"] == 0.0, res
+        print("XLA:GPU v + v of the smallest float32 subnormal:", res["xla_gpu_add"])

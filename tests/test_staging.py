@@ -22,15 +22,20 @@ def _cases(n):
     return cases
 
 
-@pytest.mark.parametrize("world,local", [(2, 1), (2, 2), (3, 2)])
-def test_every_kind_and_dtype_through_staging_is_bit_exact(world, local):
-    # 4 KiB steps: every case is cut into several chunks, the last one short
+@pytest.mark.parametrize("world,local,fold", [(2, 1, True), (2, 2, True), (3, 2, True), (2, 3, True), (2, 2, False)])
+def test_every_kind_and_dtype_through_staging_is_bit_exact(world, local, fold):
+    # 4 KiB steps: every case is cut into several chunks, the last one short. With several
+    # local ranks the all-reduces fold on the "device" (the copy engine) first; fold=False
+    # sends every local rank's chunk to the host instead. Both give the canonical bits.
     rs = run_ranks("staged_collective", world, timeout=240,
-                   args={"cases": _cases(world * local), "local": local, "chunk_bytes": 4096, "pool_bytes": 1 << 20})
+                   args={"cases": _cases(world * local), "local": local, "chunk_bytes": 4096, "pool_bytes": 1 << 20,
+                         "device_fold": fold})
     for r in rs:
         res = r["result"]
         assert res["errors"] == [] and res["bad"] == [], (res["errors"], res["bad"])
         assert max(res["chunks"]) >= 4, res["chunks"]
+        want = [[k, fold and local > 1 and k == "all_reduce"] for k, _ in res["folded"]]
+        assert res["folded"] == want, res["folded"]
 
 
 def test_large_staged_all_reduce_is_cut_into_chunks_and_reuses_its_pool():
@@ -70,6 +75,21 @@ def test_a_staging_bound_too_small_for_one_step_is_a_clear_error_on_every_proces
         assert len(errs) == 1, errs
         e = next(iter(errs[0]["errors"].values()))
         assert e["cause"] == "invalid_argument" and "R2CCL_STAGING_BYTES" in e["error"], e
+
+
+@pytest.mark.parametrize("who", [0, 1])
+def test_a_failed_device_fold_fails_every_local_rank_without_a_hang(who):
+    # 2 local ranks fold on the "device": the leader's (who=0) or the member's (who=1) copy
+    # engine fails its third batch; every local rank's call fails, none hangs, the next works
+    cases = [("all_reduce", "float32", "sum", 50_000, 0), ("all_reduce", "int32", "sum", 40_000, 0)]
+    rs = run_ranks("staged_collective", 2, timeout=120, config={"timeout_s": 3.0},
+                   args={"cases": cases, "local": 2, "chunk_bytes": 16 << 10, "pool_bytes": 1 << 20,
+                         "fail_copy": {"case": 0, "rank": who, "batch": 2}})
+    for r in rs:
+        res = r["result"]
+        assert res["bad"] == [], res["bad"]
+        assert [e["case"] for e in res["errors"]] == [0], res["errors"]
+    assert set(rs[0]["result"]["errors"][0]["errors"]) == {"0", "1"}   # both local ranks of process 0
 
 
 def test_a_failed_copy_fails_the_call_without_a_hang_and_the_next_call_works():

@@ -660,7 +660,7 @@ def host_kind_mismatch(ep, rank, world, n=99_999):
 
 
 def staged_collective(ep, rank, world, cases, local=1, chunk_bytes=4096, pool_bytes=1 << 20, depth=3, fault=None,
-                      rate=None, fail_copy=None, repeat=1):
+                      rate=None, fail_copy=None, repeat=1, device_fold=True):
     """The platform-neutral chunk pipeline (csrc/stage) that the CUDA platform runs, with
     memcpy standing in for the copy engine: each local rank on its own thread hands its part
     to the process's runtime through _core.testing_staged_call, like a GPU's launch thread.
@@ -683,7 +683,7 @@ def staged_collective(ep, rank, world, cases, local=1, chunk_bytes=4096, pool_by
             if peer != rank:
                 for s in ep.rail_stats(peer):
                     ep.inject(peer, s["rail"], "rate", rate)
-    bad, errors, chunks, allocations = [], [], [], []
+    bad, errors, chunks, allocations, folded = [], [], [], [], []
     timer = None
     try:
         for rep in range(repeat):
@@ -705,7 +705,7 @@ def staged_collective(ep, rank, world, cases, local=1, chunk_bytes=4096, pool_by
                         res[r] = _core.testing_staged_call(
                             comm_id, 0, r, 1000 + rep, i + 1, kind, np.dtype(dtype).name, op, root,
                             ins[r].view(np.uint8), outs[r].view(np.uint8), pools[r], chunk_bytes, depth, fb,
-                            float(ep.config.timeout_s))
+                            float(ep.config.timeout_s), device_fold)
                     except R2cclError as e:
                         errs[r] = {"error": str(e), "cause": e.cause, "peer": e.peer}
 
@@ -720,6 +720,7 @@ def staged_collective(ep, rank, world, cases, local=1, chunk_bytes=4096, pool_by
                     errors.append({"case": i, "rep": rep, "errors": errs})
                     continue
                 chunks.append(res[my_ranks[0]]["chunks"])
+                folded.append([kind, all(res[r]["device_fold"] for r in my_ranks)])
                 ref = host_reference(kind, op, [ins[r] for r in range(n)], process_of_rank, root)
                 for r in my_ranks:
                     o, want = outs[r], ref[r]
@@ -734,5 +735,5 @@ def staged_collective(ep, rank, world, cases, local=1, chunk_bytes=4096, pool_by
     finally:
         _core.runtime_uninstall()
         ex.close()
-    return {"bad": bad, "errors": errors, "chunks": chunks, "allocations": allocations,
+    return {"bad": bad, "errors": errors, "chunks": chunks, "allocations": allocations, "folded": folded,
             "pools": {r: pools[r].stats() for r in my_ranks}, "stats": stats}

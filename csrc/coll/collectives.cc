@@ -248,15 +248,15 @@ class Executor::Op {
     while (p.next < p.src.size()) {
       int mi = p.msg[p.next];
       if (mi >= 0 && !msgs_[mi].req->finished()) break;
-      if (p.next == 0)
-        std::memcpy(p.acc, p.src[0], bytes);
-      else
+      if (p.next == 0) {
+        if (bytes) std::memcpy(p.acc, p.src[0], bytes);   // (an empty collective's buffers may be null)
+      } else
         reduce_into(c_.dtype, c_.op, p.acc, p.src[p.next], p.elems);
       p.next++;
       moved = true;
     }
     if (p.next < p.src.size()) return moved;
-    if (p.acc != p.dest) std::memcpy(p.dest, p.acc, bytes);
+    if (p.acc != p.dest && bytes) std::memcpy(p.dest, p.acc, bytes);
     p.done = true;
     for (auto& [peer, tag] : p.then_send) send(peer, tag, p.dest, bytes);
     return true;
@@ -264,10 +264,13 @@ class Executor::Op {
 
   // The local pre-reduction S = x_l0 (op) x_l1 ... over this process's ranks, in rank order.
   const uint8_t* local_sum(uint64_t elems, bool must_copy) {
-    if (c_.my_ranks.size() == 1 && !must_copy) return static_cast<const uint8_t*>(c_.in[0]);
+    // (Pre-folded on the devices: in[0] already is S, in the same order.)
+    const bool one = c_.my_ranks.size() == 1 || c_.prefolded;
+    if (one && !must_copy) return static_cast<const uint8_t*>(c_.in[0]);
     uint8_t* s = temp(elems * esize_);
+    if (elems == 0) return s;   // nothing to fold (and no memcpy on a null buffer)
     std::memcpy(s, c_.in[0], elems * esize_);
-    for (size_t i = 1; i < c_.in.size(); i++) reduce_into(c_.dtype, c_.op, s, c_.in[i], elems);
+    for (size_t i = 1; i < c_.in.size() && !one; i++) reduce_into(c_.dtype, c_.op, s, c_.in[i], elems);
     return s;
   }
 
@@ -439,7 +442,7 @@ class Executor::Op {
       case Kind::kAllReduce: {
         // Inputs that alias outputs must be copied: other shards' results land in out[0].
         bool alias = false;
-        for (size_t i = 0; i < c_.in.size(); i++)
+        for (size_t i = 0; i < (c_.prefolded ? 1 : c_.in.size()); i++)
           for (size_t j = 0; j < c_.out.size(); j++) alias |= overlaps(c_.in[i], N * esize_, c_.out[j], N * esize_);
         const uint8_t* S = local_sum(N, alias && P > 1);
         if (P == 1 || small_all_reduce) {

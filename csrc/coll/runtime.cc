@@ -159,6 +159,17 @@ std::string Runtime::check(const DeviceCall& call, int* n_ranks) const {
   return bad;
 }
 
+std::vector<int> Runtime::local_ranks(const DeviceCall& call) const {
+  std::lock_guard<std::mutex> g(mu_);
+  size_t n = 0;
+  std::vector<int> out;
+  if (!check_locked(call, &n).empty()) return out;
+  const auto& members = comms_.find(call.comm_id)->second.groups[static_cast<size_t>(call.group)];
+  for (size_t r = 0; r < members.size(); r++)
+    if (members[r] == my_process_) out.push_back(static_cast<int>(r));
+  return out;
+}
+
 bool Runtime::device_call(DeviceCall call) {
   auto fail = [&](Cause c, const std::string& why) {
     Error e(c, -1, why);
@@ -188,7 +199,7 @@ bool Runtime::device_call(DeviceCall call) {
     if (!p.calls.empty()) {
       const DeviceCall& a = p.calls.front();
       if (a.kind != call.kind || a.dtype != call.dtype || a.op != call.op || a.count != call.count ||
-          a.root != call.root) {
+          a.root != call.root || a.prefolded != call.prefolded) {
         std::string why = std::string("local ranks disagree about a collective: rank ") + std::to_string(a.rank) +
                           " called " + kind_name(a.kind) + " of " + std::to_string(a.count) + " " +
                           dtype_name(a.dtype) + ", rank " + std::to_string(call.rank) + " called " +
@@ -213,6 +224,7 @@ bool Runtime::device_call(DeviceCall call) {
     pc.op = a.op;
     pc.root = a.root;
     pc.count = a.count;
+    pc.prefolded = a.prefolded && a.kind == Kind::kAllReduce;
     pc.process_of_rank = members;
     pc.timeout_s = timeout_s_;
     pc.what = comm.name;

@@ -36,6 +36,9 @@ struct DeviceCall {
   void* out = nullptr;
   uint64_t count = 0;      // input elements
   uint64_t out_count = 0;  // elements of the result buffer: checked against the kind before anything runs
+  // all_reduce only: the process's local ranks' inputs are already folded, in canonical order,
+  // into the lowest local rank's `in` (a device-side fold); the other local ranks' `in` is unused.
+  bool prefolded = false;
   std::function<void(const Error*)> done;
 };
 
@@ -65,6 +68,8 @@ class Runtime {
   // The checks device_call makes before it takes a call (communicator, group, rank, result
   // size), without taking it: empty, or the sentence; *n_ranks gets the group's size.
   std::string check(const DeviceCall& call, int* n_ranks) const;
+  // The ranks of the call's group that live in this process, increasing (empty if unknown).
+  std::vector<int> local_ranks(const DeviceCall& call) const;
   int my_process() const { return my_process_; }
   const Config& config() const;
 

@@ -5,6 +5,7 @@
 
 #include "base/error.h"
 #include "base/log.h"
+#include "cuda/kernels.h"
 
 namespace r2ccl::cuda {
 
@@ -54,6 +55,36 @@ class CudaCopyEngine final : public stage::CopyEngine {
     check(cudaEventRecord(d_.end, d_.to_device), "cudaEventRecord (copy out)");
     check(cudaStreamWaitEvent(xla_, d_.end, 0), "cudaStreamWaitEvent on XLA's stream");
   }
+  // The leader's fold: after each member's begin event, acc = in_0 (op) in_1 (op) ... on this
+  // GPU (peers read over peer access where the GPUs have it, else copied here first), then
+  // one copy of the fold to host staging. All on the copy-in stream, so chunks stay in order.
+  bool fold_to_host(void* dst, const std::vector<const void*>& srcs, const std::vector<stage::CopyEngine*>& peers,
+                    coll::DType t, coll::ReduceOp op, size_t count, std::function<void()> done) override {
+    const size_t bytes = count * coll::dtype_size(t);
+    grow_fold(bytes);
+    for (size_t i = 1; i < peers.size(); i++) {
+      auto* p = static_cast<CudaCopyEngine*>(peers[i]);
+      check(cudaStreamWaitEvent(d_.to_host, p->d_.begin, 0), "cudaStreamWaitEvent (a local GPU's input)");
+    }
+    auto src_of = [&](size_t i) -> const void* {
+      if (i == 0) return srcs[0];
+      const int peer = static_cast<CudaCopyEngine*>(peers[i])->d_.ordinal;
+      if (peer == d_.ordinal || can_read(peer)) return srcs[i];
+      check(cudaMemcpyPeerAsync(d_.fold_peer, d_.ordinal, srcs[i], peer, bytes, d_.to_host), "cudaMemcpyPeerAsync");
+      return d_.fold_peer;
+    };
+    if (count > 0) {
+      if (srcs.size() == 1) {
+        check(cudaMemcpyAsync(d_.fold_acc, srcs[0], bytes, cudaMemcpyDeviceToDevice, d_.to_host), "cudaMemcpyAsync");
+      } else {
+        check(reduce(t, op, d_.fold_acc, src_of(0), src_of(1), count, d_.to_host), "reduction kernel launch");
+        for (size_t i = 2; i < srcs.size(); i++)
+          check(reduce(t, op, d_.fold_acc, d_.fold_acc, src_of(i), count, d_.to_host), "reduction kernel launch");
+      }
+    }
+    queue({{dst, d_.fold_acc, bytes, 1, bytes, bytes}}, cudaMemcpyDeviceToHost, d_.to_host, std::move(done));
+    return true;
+  }
   std::string failure() override {
     for (cudaStream_t s : {d_.to_host, d_.to_device}) {
       cudaError_t st = cudaStreamQuery(s);
@@ -82,6 +113,31 @@ class CudaCopyEngine final : public stage::CopyEngine {
       delete fn;
       check(st, "cudaLaunchHostFunc");
     }
+  }
+  void grow_fold(size_t bytes) {
+    if (d_.fold_bytes >= bytes) return;
+    check(cudaStreamSynchronize(d_.to_host), "cudaStreamSynchronize (copy in)");   // nothing uses them now
+    cudaFree(d_.fold_acc);
+    cudaFree(d_.fold_peer);
+    d_.fold_acc = d_.fold_peer = nullptr;
+    d_.fold_bytes = 0;
+    check(cudaMalloc(&d_.fold_acc, bytes), "cudaMalloc (device fold)");
+    check(cudaMalloc(&d_.fold_peer, bytes), "cudaMalloc (device fold)");
+    d_.fold_bytes = bytes;
+  }
+  bool can_read(int peer) {
+    auto it = d_.peer_access.find(peer);
+    if (it != d_.peer_access.end()) return it->second;
+    int ok = 0;
+    bool on = cudaDeviceCanAccessPeer(&ok, d_.ordinal, peer) == cudaSuccess && ok;
+    if (on) {
+      cudaError_t st = cudaDeviceEnablePeerAccess(peer, 0);   // for the current device: this one
+      on = st == cudaSuccess || st == cudaErrorPeerAccessAlreadyEnabled;
+      cudaGetLastError();   // neither outcome is sticky
+    }
+    R2_INFO("cuda: device %d reads device %d %s", d_.ordinal, peer, on ? "over peer access" : "through a copy");
+    d_.peer_access[peer] = on;
+    return on;
   }
   Device& d_;
   cudaStream_t xla_;

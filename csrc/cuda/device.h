@@ -5,6 +5,7 @@
 #pragma once
 #include <cuda_runtime_api.h>
 
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -26,6 +27,12 @@ struct Device {
   std::unique_ptr<stage::StagingPool> pool;
   int32_t* scalars = nullptr;   // pinned: the group and rank operands, read per call
   std::mutex busy;              // one collective per GPU at a time (XLA's launch thread blocks in it)
+  // The device fold (leader of a process's local GPUs): its accumulator, and a landing place
+  // for a peer's chunk when there is no peer access; grown on demand, kept.
+  void* fold_acc = nullptr;
+  void* fold_peer = nullptr;
+  size_t fold_bytes = 0;
+  std::map<int, bool> peer_access;   // peer ordinal -> this GPU reads it directly
 };
 
 // The GPU's resources (made on first use with `cfg`'s staging bound); throws Error.

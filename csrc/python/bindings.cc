@@ -523,7 +523,7 @@ NB_MODULE(_core, m) {
       [](uint64_t comm_id, int64_t group, int64_t rank, uint64_t run_id, uint64_t op_id, const std::string& kind,
          const std::string& dtype, const std::string& op, int root, Buffer in, Buffer out, stage::StagingPool& pool,
          uint64_t chunk_bytes,
-         int depth, int fail_after, double timeout) {
+         int depth, int fail_after, double timeout, bool device_fold) {
         // One local rank's part of a collective through the chunk pipeline, with memcpy as the
         // copy engine: what the CUDA platform runs, minus CUDA.
         auto rt = coll::Runtime::current();
@@ -548,6 +548,7 @@ NB_MODULE(_core, m) {
         opt.chunk_bytes = chunk_bytes;
         opt.depth = depth;
         opt.timeout_s = timeout;
+        opt.device_fold = device_fold;
         stage::PipelineResult r;
         {
           nb::gil_scoped_release nogil;
@@ -557,11 +558,12 @@ NB_MODULE(_core, m) {
         d["chunks"] = r.chunks;
         d["depth"] = r.depth;
         d["staged_bytes"] = r.staged_bytes;
+        d["device_fold"] = r.device_fold;
         return d;
       },
       nb::arg("comm_id"), nb::arg("group"), nb::arg("rank"), nb::arg("run_id"), nb::arg("op_id"), nb::arg("kind"),
       nb::arg("dtype"), nb::arg("op"), nb::arg("root"), nb::arg("inp"), nb::arg("out"), nb::arg("pool"), nb::arg("chunk_bytes"),
-      nb::arg("depth") = 3, nb::arg("fail_after") = -1, nb::arg("timeout") = 30.0);
+      nb::arg("depth") = 3, nb::arg("fail_after") = -1, nb::arg("timeout") = 30.0, nb::arg("device_fold") = true);
   m.def(
       "runtime_install",
       [](Endpoint& ep, coll::Executor& ex, int my_process, double timeout_s) {

@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "base/error.h"
+#include "coll/reduce.h"
 
 namespace r2ccl::stage {
 
@@ -25,9 +26,23 @@ class HostCopyEngine final : public CopyEngine {
     worker_.join();
   }
   void begin() override {}
-  void to_host(const std::vector<Copy>& copies, std::function<void()> done) override { push(copies, std::move(done)); }
+  void to_host(const std::vector<Copy>& copies, std::function<void()> done) override {
+    push([copies] { run_copies(copies); }, std::move(done));
+  }
   void to_device(const std::vector<Copy>& copies, std::function<void()> done) override {
-    push(copies, std::move(done));
+    push([copies] { run_copies(copies); }, std::move(done));
+  }
+  // The host folds in the engine's thread, in the order given (what a device fold computes).
+  bool fold_to_host(void* dst, const std::vector<const void*>& srcs, const std::vector<CopyEngine*>&, coll::DType t,
+                    coll::ReduceOp op, size_t count, std::function<void()> done) override {
+    push(
+        [=] {
+          if (count == 0) return;
+          std::memcpy(dst, srcs[0], count * coll::dtype_size(t));
+          for (size_t i = 1; i < srcs.size(); i++) coll::reduce_into(t, op, dst, srcs[i], count);
+        },
+        std::move(done));
+    return true;
   }
   void finish() override {}
   std::string failure() override {
@@ -42,14 +57,20 @@ class HostCopyEngine final : public CopyEngine {
 
  private:
   struct Batch {
-    std::vector<Copy> copies;
+    std::function<void()> work;
     std::function<void()> done;
   };
-  void push(const std::vector<Copy>& copies, std::function<void()> done) {
+  static void run_copies(const std::vector<Copy>& copies) {
+    for (const Copy& c : copies)
+      for (size_t r = 0; r < c.rows && c.width > 0; r++)
+        std::memcpy(static_cast<uint8_t*>(c.dst) + r * c.dst_pitch, static_cast<const uint8_t*>(c.src) + r * c.src_pitch,
+                    c.width);
+  }
+  void push(std::function<void()> work, std::function<void()> done) {
     {
       std::lock_guard<std::mutex> g(mu_);
       if (failed_) throw Error(Cause::kDevice, -1, "host copy engine: injected copy failure (testing)");
-      queue_.push_back({copies, std::move(done)});
+      queue_.push_back({std::move(work), std::move(done)});
     }
     cv_.notify_all();
   }
@@ -64,10 +85,7 @@ class HostCopyEngine final : public CopyEngine {
       bool fail = batches_++ == fail_after_;
       lk.unlock();
       if (!fail) {
-        for (const Copy& c : b.copies)
-          for (size_t r = 0; r < c.rows; r++)
-            std::memcpy(static_cast<uint8_t*>(c.dst) + r * c.dst_pitch,
-                        static_cast<const uint8_t*>(c.src) + r * c.src_pitch, c.width);
+        b.work();
         b.done();   // a failed batch never signals, as a faulted stream would not
       }
       lk.lock();

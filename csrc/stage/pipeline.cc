@@ -5,6 +5,8 @@
 #include <chrono>
 #include <condition_variable>
 #include <deque>
+#include <map>
+#include <tuple>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -46,6 +48,66 @@ struct Shared {
   uint64_t done = 0;
   uint64_t events = 0;   // bumped on every callback: progress for the stall bound
 };
+
+// The local ranks of one execution of an all-reduce that fold on the devices: the lowest one
+// (the leader) folds every member's chunk into its staging through its engine, reading the
+// members' device inputs, so the members must stay (their inputs alive) until it is done.
+struct LocalGroup {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<const void*> in;         // per local index: the member's device input
+  std::vector<CopyEngine*> engines;    // per local index (begin() called)
+  size_t joined = 0;
+  bool leader_joined = false;
+  bool leader_done = false;   // the leader reads no member's input any more
+  bool member_left = false;   // a member returned before the leader joined: the leader must not read
+};
+
+class Groups {
+ public:
+  // Joins (and makes, for the first local rank) the group of this execution of `call`.
+  std::shared_ptr<LocalGroup> join(const coll::DeviceCall& call, size_t index, size_t n_local, CopyEngine* engine) {
+    std::lock_guard<std::mutex> g(mu_);
+    if (!counts_.count(call.run_id)) {
+      order_.push_back(call.run_id);
+      if (order_.size() > 256) {
+        counts_.erase(order_.front());
+        order_.erase(order_.begin());
+      }
+    }
+    const uint64_t k = counts_[call.run_id][{call.comm_id, call.group, call.rank, call.op_id}]++;
+    const Key key{call.comm_id, call.group, call.run_id, call.op_id, k};
+    auto& slot = groups_[key];
+    if (!slot) {
+      slot = std::make_shared<LocalGroup>();
+      slot->in.assign(n_local, nullptr);
+      slot->engines.assign(n_local, nullptr);
+    }
+    std::shared_ptr<LocalGroup> grp = slot;
+    {
+      std::lock_guard<std::mutex> gl(grp->mu);
+      grp->in[index] = call.in;
+      grp->engines[index] = engine;
+      grp->joined++;
+      if (index == 0) grp->leader_joined = true;
+    }
+    grp->cv.notify_all();
+    if (grp->joined == n_local) groups_.erase(key);   // everyone holds it now
+    return grp;
+  }
+
+ private:
+  using Key = std::tuple<uint64_t, int64_t, uint64_t, uint64_t, uint64_t>;
+  std::mutex mu_;
+  std::map<Key, std::shared_ptr<LocalGroup>> groups_;
+  std::map<uint64_t, std::map<std::tuple<uint64_t, int64_t, int64_t, uint64_t>, uint64_t>> counts_;
+  std::vector<uint64_t> order_;
+};
+
+Groups& groups() {
+  static auto* g = new Groups();   // lives for the process
+  return *g;
+}
 
 }  // namespace
 
@@ -124,8 +186,16 @@ PipelineResult run_staged(coll::Runtime& rt, const coll::DeviceCall& call, CopyE
   auto abandon_from = [&](uint64_t first, const Error& e) {
     for (uint64_t c = first; c < N; c++) rt.abandon(make_sub(c, nullptr), e);
   };
+  // Device-side fold (all_reduce with several local ranks): the leader folds every local
+  // rank's chunk into its staging on its device; the members copy nothing in.
+  const std::vector<int> locals = rt.local_ranks(call);
+  const bool fold = opt.device_fold && call.kind == coll::Kind::kAllReduce && locals.size() > 1;
+  const size_t my_index =
+      static_cast<size_t>(std::find(locals.begin(), locals.end(), static_cast<int>(call.rank)) - locals.begin());
+  const bool leader = fold && my_index == 0;
   PipelineResult res;
   res.chunks = N;
+  res.device_fold = fold;
   res.depth = static_cast<int>(slots.size());
   for (auto& l : slots) res.staged_bytes += l.size();
 
@@ -149,6 +219,53 @@ PipelineResult run_staged(coll::Runtime& rt, const coll::DeviceCall& call, CopyE
   };
 
   engine.begin();
+  std::shared_ptr<LocalGroup> grp;
+  if (fold) {
+    grp = groups().join(call, my_index, locals.size(), &engine);
+    if (leader) {
+      // Every member's input must be known (and ordered after its own stream's work) first.
+      std::unique_lock<std::mutex> gl(grp->mu);
+      const bool all = grp->cv.wait_for(gl, std::chrono::duration<double>(opt.timeout_s),
+                                        [&] { return grp->joined == locals.size() || grp->member_left; });
+      if (!all || grp->member_left) {
+        Error e(Cause::kTimeout, -1, std::string("the device fold of ") + coll::kind_name(call.kind) +
+                                         ": a local rank of this process did not join within R2CCL_TIMEOUT");
+        grp->leader_done = true;
+        gl.unlock();
+        grp->cv.notify_all();
+        abandon_staged(rt, call, opt, e);
+        throw e;
+      }
+    }
+  }
+  // On every way out: a member leaves only when the leader reads none of its input any more;
+  // the leader says so once its engine has nothing in flight.
+  struct Leave {
+    std::shared_ptr<LocalGroup> grp;
+    bool leader;
+    CopyEngine& engine;
+    ~Leave() {
+      if (!grp) return;
+      std::unique_lock<std::mutex> gl(grp->mu);
+      if (leader) {
+        gl.unlock();
+        try {
+          engine.sync();   // normally done already; after an unexpected exception it is not
+        } catch (...) {
+        }
+        gl.lock();
+        grp->leader_done = true;
+        gl.unlock();
+        grp->cv.notify_all();
+      } else if (!grp->leader_joined) {
+        grp->member_left = true;
+        gl.unlock();
+        grp->cv.notify_all();
+      } else {
+        grp->cv.wait(gl, [&] { return grp->leader_done; });   // bounded: the leader's waits are
+      }
+    }
+  } leave{grp, leader, engine};
   uint64_t next_in = 0, next_sub = 0;
   bool any_out = false;
   const auto stall = std::chrono::duration<double>(opt.timeout_s);
@@ -169,14 +286,28 @@ PipelineResult run_staged(coll::Runtime& rt, const coll::DeviceCall& call, CopyE
       sh->free_slots.pop_front();
       sh->slot_of[c] = s;
       sh->st[c] = St::kToHost;
+      if (fold && !leader) {   // nothing to copy in: the leader's staging holds the fold
+        sh->st[c] = St::kStaged;
+        acted = true;
+        continue;
+      }
       lk.unlock();
       try {
-        engine.to_host(copies_in(c, slots[static_cast<size_t>(s)].data()), [sh, c] {
+        auto staged = [sh, c] {
           std::lock_guard<std::mutex> gl(sh->mu);
           sh->st[c] = St::kStaged;
           sh->events++;
           sh->cv.notify_all();
-        });
+        };
+        uint8_t* stage = slots[static_cast<size_t>(s)].data();
+        if (leader) {
+          std::vector<const void*> srcs;
+          for (const void* p : grp->in) srcs.push_back(static_cast<const uint8_t*>(p) + c * U * es);
+          if (!engine.fold_to_host(stage, srcs, grp->engines, call.dtype, call.op, len_of(c), staged))
+            throw Error(Cause::kInternal, -1, "this copy engine cannot fold on the device");
+        } else {
+          engine.to_host(copies_in(c, stage), staged);
+        }
         lk.lock();
       } catch (const Error& e) {
         lk.lock();
@@ -191,6 +322,7 @@ PipelineResult run_staged(coll::Runtime& rt, const coll::DeviceCall& call, CopyE
       sh->st[c] = St::kReducing;
       uint8_t* stage = slots[static_cast<size_t>(sh->slot_of[c])].data();
       coll::DeviceCall sub = make_sub(c, stage);
+      sub.prefolded = fold;
       sub.done = [sh, c](const Error* e) {
         std::lock_guard<std::mutex> gl(sh->mu);
         if (e) {

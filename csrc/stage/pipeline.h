@@ -33,12 +33,16 @@ struct PipelineOptions {
   uint64_t chunk_bytes = 4 << 20;   // R2CCL_STAGING_CHUNK_BYTES: bytes of the larger side of one step
   int depth = 3;                    // steps in flight (fewer when the pool's bound leaves no room)
   double timeout_s = 30.0;          // bound on copies that never complete
+  // all_reduce with several local ranks: the lowest one folds all their inputs on its device
+  // (CopyEngine::fold_to_host) and only the fold crosses to the host; the others copy nothing in.
+  bool device_fold = true;
 };
 
 struct PipelineResult {
   uint64_t chunks = 0;       // collectives the call was cut into
   int depth = 0;             // steps that were in flight at most
   uint64_t staged_bytes = 0; // host staging the call held
+  bool device_fold = false;  // the local ranks' inputs were folded on the devices
 };
 
 // Elements per chunk (U above) for a collective of `kind` over `n_ranks` with element size `esize`.
