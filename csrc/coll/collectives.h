@@ -53,7 +53,7 @@ struct ProcessCall {
   std::vector<const void*> in;           // per entry of my_ranks
   std::vector<void*> out;                // per entry of my_ranks
   uint64_t count = 0;                    // elements of each rank's input
-  bool prefolded = false;                // all_reduce: in[0] already holds the local ranks' fold (in[1..] unused)
+  bool prefolded = false;                // all_reduce/reduce_scatter: in[0] already holds the local ranks' fold
   double timeout_s = 30.0;
   std::string plan;                      // all-reduce plan for this call ("": R2CCL_PLAN); equal everywhere
   std::string what;                      // for error messages, e.g. "psum over ('data',)"

@@ -224,7 +224,7 @@ bool Runtime::device_call(DeviceCall call) {
     pc.op = a.op;
     pc.root = a.root;
     pc.count = a.count;
-    pc.prefolded = a.prefolded && a.kind == Kind::kAllReduce;
+    pc.prefolded = a.prefolded && (a.kind == Kind::kAllReduce || a.kind == Kind::kReduceScatter);
     pc.process_of_rank = members;
     pc.timeout_s = timeout_s_;
     pc.what = comm.name;

@@ -36,8 +36,9 @@ struct DeviceCall {
   void* out = nullptr;
   uint64_t count = 0;      // input elements
   uint64_t out_count = 0;  // elements of the result buffer: checked against the kind before anything runs
-  // all_reduce only: the process's local ranks' inputs are already folded, in canonical order,
-  // into the lowest local rank's `in` (a device-side fold); the other local ranks' `in` is unused.
+  // all_reduce / reduce_scatter: the process's local ranks' inputs are already folded, in
+  // canonical order, into the lowest local rank's `in` (a device-side fold); the other local
+  // ranks' `in` is unused.
   bool prefolded = false;
   std::function<void(const Error*)> done;
 };

@@ -59,27 +59,39 @@ class CudaCopyEngine final : public stage::CopyEngine {
   // GPU (peers read over peer access where the GPUs have it, else copied here first), then
   // one copy of the fold to host staging. All on the copy-in stream, so chunks stay in order.
   bool fold_to_host(void* dst, const std::vector<const void*>& srcs, const std::vector<stage::CopyEngine*>& peers,
-                    coll::DType t, coll::ReduceOp op, size_t count, std::function<void()> done) override {
-    const size_t bytes = count * coll::dtype_size(t);
+                    coll::DType t, coll::ReduceOp op, stage::FoldShape sh, std::function<void()> done) override {
+    const size_t es = coll::dtype_size(t);
+    const size_t bytes = sh.width * sh.rows * es;   // the packed fold
     grow_fold(bytes);
     for (size_t i = 1; i < peers.size(); i++) {
       auto* p = static_cast<CudaCopyEngine*>(peers[i]);
       check(cudaStreamWaitEvent(d_.to_host, p->d_.begin, 0), "cudaStreamWaitEvent (a local GPU's input)");
     }
-    auto src_of = [&](size_t i) -> const void* {
-      if (i == 0) return srcs[0];
-      const int peer = static_cast<CudaCopyEngine*>(peers[i])->d_.ordinal;
-      if (peer == d_.ordinal || can_read(peer)) return srcs[i];
-      check(cudaMemcpyPeerAsync(d_.fold_peer, d_.ordinal, srcs[i], peer, bytes, d_.to_host), "cudaMemcpyPeerAsync");
-      return d_.fold_peer;
+    // Source i as (pointer, pitch in elements): read in place on this GPU or over peer access,
+    // else copied here (packed) first.
+    auto src_of = [&](size_t i) -> std::pair<const void*, size_t> {
+      const int peer = i == 0 ? d_.ordinal : static_cast<CudaCopyEngine*>(peers[i])->d_.ordinal;
+      if (peer == d_.ordinal || can_read(peer)) return {srcs[i], sh.src_pitch};
+      check(cudaMemcpy2DAsync(d_.fold_peer, sh.width * es, srcs[i], sh.src_pitch * es, sh.width * es, sh.rows,
+                              cudaMemcpyDefault, d_.to_host),
+            "cudaMemcpy2DAsync (a local GPU's input without peer access)");
+      return {d_.fold_peer, sh.width};
     };
-    if (count > 0) {
+    if (bytes > 0) {
+      auto [a, pa] = src_of(0);
       if (srcs.size() == 1) {
-        check(cudaMemcpyAsync(d_.fold_acc, srcs[0], bytes, cudaMemcpyDeviceToDevice, d_.to_host), "cudaMemcpyAsync");
+        check(cudaMemcpy2DAsync(d_.fold_acc, sh.width * es, a, pa * es, sh.width * es, sh.rows,
+                                cudaMemcpyDeviceToDevice, d_.to_host),
+              "cudaMemcpy2DAsync");
       } else {
-        check(reduce(t, op, d_.fold_acc, src_of(0), src_of(1), count, d_.to_host), "reduction kernel launch");
-        for (size_t i = 2; i < srcs.size(); i++)
-          check(reduce(t, op, d_.fold_acc, d_.fold_acc, src_of(i), count, d_.to_host), "reduction kernel launch");
+        auto [b, pb] = src_of(1);
+        check(reduce_2d(t, op, d_.fold_acc, sh.width, a, pa, b, pb, sh.width, sh.rows, d_.to_host),
+              "reduction kernel launch");
+        for (size_t i = 2; i < srcs.size(); i++) {
+          auto [c, pc] = src_of(i);
+          check(reduce_2d(t, op, d_.fold_acc, sh.width, d_.fold_acc, sh.width, c, pc, sh.width, sh.rows, d_.to_host),
+                "reduction kernel launch");
+        }
       }
     }
     queue({{dst, d_.fold_acc, bytes, 1, bytes, bytes}}, cudaMemcpyDeviceToHost, d_.to_host, std::move(done));

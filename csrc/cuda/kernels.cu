@@ -36,6 +36,43 @@ __global__ void reduce_kernel(T* out, const T* a, const T* b, size_t n) {
   }
 }
 
+template <class T, class Op>
+__global__ void reduce_2d_kernel(T* out, size_t po, const T* a, size_t pa, const T* b, size_t pb, size_t w,
+                                 size_t n) {
+  const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
+  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    const size_t r = i / w, col = i - r * w;
+    out[r * po + col] = Op::apply(a[r * pa + col], b[r * pb + col]);
+  }
+}
+
+unsigned blocks_for(size_t n, size_t per_block) {
+  int dev = 0, sms = 0;
+  cudaGetDevice(&dev);
+  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || sms <= 0) sms = 80;
+  const size_t want = (n + per_block - 1) / per_block;
+  return static_cast<unsigned>(std::max<size_t>(1, std::min<size_t>(want, 8u * static_cast<unsigned>(sms))));
+}
+
+struct Launch2d {
+  void* out;
+  size_t po;
+  const void* a;
+  size_t pa;
+  const void* b;
+  size_t pb;
+  size_t w, rows;
+  cudaStream_t stream;
+  cudaError_t status = cudaSuccess;
+  template <class T, class Op>
+  void run() {
+    const size_t n = w * rows;
+    reduce_2d_kernel<T, Op><<<blocks_for(n, kThreads), kThreads, 0, stream>>>(
+        static_cast<T*>(out), po, static_cast<const T*>(a), pa, static_cast<const T*>(b), pb, w, n);
+    status = cudaGetLastError();
+  }
+};
+
 struct Launch {
   void* out;
   const void* a;
@@ -45,12 +82,7 @@ struct Launch {
   cudaError_t status = cudaSuccess;
   template <class T, class Op>
   void run() {
-    int dev = 0, sms = 0;
-    cudaGetDevice(&dev);
-    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || sms <= 0) sms = 80;
-    const size_t per_block = static_cast<size_t>(kThreads) * kUnroll;
-    const size_t want = (n + per_block - 1) / per_block;
-    const unsigned blocks = static_cast<unsigned>(std::max<size_t>(1, std::min<size_t>(want, 8u * sms)));
+    const unsigned blocks = blocks_for(n, static_cast<size_t>(kThreads) * kUnroll);
     reduce_kernel<T, Op><<<blocks, kThreads, 0, stream>>>(static_cast<T*>(out), static_cast<const T*>(a),
                                                           static_cast<const T*>(b), n);
     status = cudaGetLastError();
@@ -63,6 +95,15 @@ cudaError_t reduce(coll::DType t, coll::ReduceOp op, void* out, const void* a, c
                    cudaStream_t stream) {
   if (count == 0) return cudaSuccess;
   Launch l{out, a, b, count, stream};
+  if (!coll::ops::dispatch(t, op, l)) return cudaErrorInvalidValue;
+  return l.status;
+}
+
+cudaError_t reduce_2d(coll::DType t, coll::ReduceOp op, void* out, size_t out_pitch, const void* a, size_t a_pitch,
+                      const void* b, size_t b_pitch, size_t width, size_t rows, cudaStream_t stream) {
+  if (width == 0 || rows == 0) return cudaSuccess;
+  if (rows == 1) return reduce(t, op, out, a, b, width, stream);
+  Launch2d l{out, out_pitch, a, a_pitch, b, b_pitch, width, rows, stream};
   if (!coll::ops::dispatch(t, op, l)) return cudaErrorInvalidValue;
   return l.status;
 }

@@ -16,4 +16,9 @@ namespace r2ccl::cuda {
 cudaError_t reduce(coll::DType t, coll::ReduceOp op, void* out, const void* a, const void* b, size_t count,
                    cudaStream_t stream);
 
+// The same over `rows` runs of `width` elements: run r of out / a / b starts at r * its pitch
+// (in elements). rows == 1 is reduce().
+cudaError_t reduce_2d(coll::DType t, coll::ReduceOp op, void* out, size_t out_pitch, const void* a, size_t a_pitch,
+                      const void* b, size_t b_pitch, size_t width, size_t rows, cudaStream_t stream);
+
 }  // namespace r2ccl::cuda

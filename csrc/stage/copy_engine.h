@@ -21,6 +21,14 @@ struct Copy {
   size_t src_pitch = 0;
 };
 
+// The region a fold reads from each source: `rows` runs of `width` elements, run r starting
+// at src + r * src_pitch elements. The fold's result is packed (run r at dst + r * width).
+struct FoldShape {
+  size_t width = 0;
+  size_t rows = 1;
+  size_t src_pitch = 0;
+};
+
 class CopyEngine {
  public:
   virtual ~CopyEngine() = default;
@@ -31,14 +39,14 @@ class CopyEngine {
   // Throws r2ccl::Error (cause device) when the copies cannot be queued.
   virtual void to_host(const std::vector<Copy>& copies, std::function<void()> done) = 0;
   virtual void to_device(const std::vector<Copy>& copies, std::function<void()> done) = 0;
-  // The device-side fold of a process's local ranks (all_reduce with several local devices):
-  // host `dst` = srcs[0] (op) srcs[1] (op) ... over `count` elements, in that order, where
-  // srcs[i] is device memory of the device whose engine is peers[i] (peers[0] is this one;
-  // each peer's begin() has been called). Reads every source after the work its own caller
-  // queued before; `done` as above. Returns false when the engine cannot fold (the caller
-  // then copies each device's input and the host folds), without queueing anything.
+  // The device-side fold of a process's local ranks (all_reduce / reduce_scatter with several
+  // local devices): host `dst` = srcs[0] (op) srcs[1] (op) ... over the region `shape`, in
+  // that order, where srcs[i] is device memory of the device whose engine is peers[i]
+  // (peers[0] is this one; each peer's begin() has been called). Reads every source after
+  // the work its own caller queued before; `done` as above. Returns false when the engine
+  // cannot fold, without queueing anything.
   virtual bool fold_to_host(void* dst, const std::vector<const void*>& srcs, const std::vector<CopyEngine*>& peers,
-                            coll::DType t, coll::ReduceOp op, size_t count, std::function<void()> done) = 0;
+                            coll::DType t, coll::ReduceOp op, FoldShape shape, std::function<void()> done) = 0;
   // The caller's work queued after this call sees every to_device copy's bytes.
   virtual void finish() = 0;
   // Without waiting: empty, or why a queued copy failed (its `done` will then never run).

@@ -34,12 +34,17 @@ class HostCopyEngine final : public CopyEngine {
   }
   // The host folds in the engine's thread, in the order given (what a device fold computes).
   bool fold_to_host(void* dst, const std::vector<const void*>& srcs, const std::vector<CopyEngine*>&, coll::DType t,
-                    coll::ReduceOp op, size_t count, std::function<void()> done) override {
+                    coll::ReduceOp op, FoldShape shape, std::function<void()> done) override {
     push(
         [=] {
-          if (count == 0) return;
-          std::memcpy(dst, srcs[0], count * coll::dtype_size(t));
-          for (size_t i = 1; i < srcs.size(); i++) coll::reduce_into(t, op, dst, srcs[i], count);
+          if (shape.width == 0) return;
+          const size_t es = coll::dtype_size(t);
+          for (size_t r = 0; r < shape.rows; r++) {
+            auto* d = static_cast<uint8_t*>(dst) + r * shape.width * es;
+            auto src = [&](size_t i) { return static_cast<const uint8_t*>(srcs[i]) + r * shape.src_pitch * es; };
+            std::memcpy(d, src(0), shape.width * es);
+            for (size_t i = 1; i < srcs.size(); i++) coll::reduce_into(t, op, d, src(i), shape.width);
+          }
         },
         std::move(done));
     return true;

@@ -189,7 +189,8 @@ PipelineResult run_staged(coll::Runtime& rt, const coll::DeviceCall& call, CopyE
   // Device-side fold (all_reduce with several local ranks): the leader folds every local
   // rank's chunk into its staging on its device; the members copy nothing in.
   const std::vector<int> locals = rt.local_ranks(call);
-  const bool fold = opt.device_fold && call.kind == coll::Kind::kAllReduce && locals.size() > 1;
+  const bool fold = opt.device_fold && locals.size() > 1 &&
+                    (call.kind == coll::Kind::kAllReduce || call.kind == coll::Kind::kReduceScatter);
   const size_t my_index =
       static_cast<size_t>(std::find(locals.begin(), locals.end(), static_cast<int>(call.rank)) - locals.begin());
   const bool leader = fold && my_index == 0;
@@ -303,7 +304,8 @@ PipelineResult run_staged(coll::Runtime& rt, const coll::DeviceCall& call, CopyE
         if (leader) {
           std::vector<const void*> srcs;
           for (const void* p : grp->in) srcs.push_back(static_cast<const uint8_t*>(p) + c * U * es);
-          if (!engine.fold_to_host(stage, srcs, grp->engines, call.dtype, call.op, len_of(c), staged))
+          const FoldShape shape{len_of(c), g.in_rows, g.seg};
+          if (!engine.fold_to_host(stage, srcs, grp->engines, call.dtype, call.op, shape, staged))
             throw Error(Cause::kInternal, -1, "this copy engine cannot fold on the device");
         } else {
           engine.to_host(copies_in(c, stage), staged);

@@ -33,8 +33,9 @@ struct PipelineOptions {
   uint64_t chunk_bytes = 4 << 20;   // R2CCL_STAGING_CHUNK_BYTES: bytes of the larger side of one step
   int depth = 3;                    // steps in flight (fewer when the pool's bound leaves no room)
   double timeout_s = 30.0;          // bound on copies that never complete
-  // all_reduce with several local ranks: the lowest one folds all their inputs on its device
-  // (CopyEngine::fold_to_host) and only the fold crosses to the host; the others copy nothing in.
+  // all_reduce / reduce_scatter with several local ranks: the lowest one folds all their
+  // inputs on its device (CopyEngine::fold_to_host) and only the fold crosses to the host;
+  // the others copy nothing in.
   bool device_fold = true;
 };
 
