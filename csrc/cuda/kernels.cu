@@ -1,9 +1,13 @@
-// The CUDA reduction kernels (see kernels.h). A grid-stride loop over elements; each thread
-// handles kUnroll consecutive elements per step so loads coalesce. No FMA contraction can
-// occur: every operation is a single IEEE op (and the build passes -fmad=false).
+// The CUDA reduction kernels (see kernels.h). Where all three buffers are 16-byte aligned (XLA's
+// buffers are, and so are the pipeline's chunks of a power-of-two size) a grid-stride loop
+// moves 16 bytes per thread and load (16 / sizeof(T) elements), the tail element by element;
+// otherwise every thread handles kUnroll elements a blockDim apart so loads coalesce. No FMA
+// contraction can occur: every operation is a single IEEE op (and the build passes -fmad=false).
 #include "cuda/kernels.h"
 
 #include <algorithm>
+#include <cstdint>
+#include <cstring>
 
 #include "coll/reduce_ops.h"
 
@@ -33,6 +37,23 @@ __global__ void reduce_kernel(T* out, const T* a, const T* b, size_t n) {
       const size_t i = base + static_cast<size_t>(k) * blockDim.x;
       if (i < n) out[i] = Op::apply(x[k], y[k]);
     }
+  }
+}
+
+template <class T, class Op>
+__global__ void reduce_vec_kernel(uint4* out, const uint4* a, const uint4* b, size_t nvec) {
+  constexpr int V = static_cast<int>(sizeof(uint4) / sizeof(T));
+  const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
+  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < nvec; i += stride) {
+    const uint4 x = a[i], y = b[i];
+    T xs[V], ys[V], rs[V];
+    memcpy(xs, &x, sizeof x);
+    memcpy(ys, &y, sizeof y);
+#pragma unroll
+    for (int k = 0; k < V; k++) rs[k] = Op::apply(xs[k], ys[k]);
+    uint4 r;
+    memcpy(&r, rs, sizeof r);
+    out[i] = r;
   }
 }
 
@@ -82,9 +103,24 @@ struct Launch {
   cudaError_t status = cudaSuccess;
   template <class T, class Op>
   void run() {
-    const unsigned blocks = blocks_for(n, static_cast<size_t>(kThreads) * kUnroll);
-    reduce_kernel<T, Op><<<blocks, kThreads, 0, stream>>>(static_cast<T*>(out), static_cast<const T*>(a),
-                                                          static_cast<const T*>(b), n);
+    const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % sizeof(uint4) == 0; };
+    size_t done = 0;
+    if (aligned(out) && aligned(a) && aligned(b)) {
+      const size_t nvec = n * sizeof(T) / sizeof(uint4);
+      if (nvec > 0) {
+        reduce_vec_kernel<T, Op><<<blocks_for(nvec, kThreads), kThreads, 0, stream>>>(
+            static_cast<uint4*>(out), static_cast<const uint4*>(a), static_cast<const uint4*>(b), nvec);
+        status = cudaGetLastError();
+        if (status != cudaSuccess) return;
+      }
+      done = nvec * sizeof(uint4) / sizeof(T);
+    }
+    if (done == n) return;
+    const size_t rest = n - done;
+    const unsigned blocks = blocks_for(rest, static_cast<size_t>(kThreads) * kUnroll);
+    reduce_kernel<T, Op><<<blocks, kThreads, 0, stream>>>(static_cast<T*>(out) + done,
+                                                          static_cast<const T*>(a) + done,
+                                                          static_cast<const T*>(b) + done, rest);
     status = cudaGetLastError();
   }
 };

@@ -15,7 +15,8 @@ import socket
 import sys
 
 from ..config import SETTINGS, Config
-from ..transport.topology import local_gpu_pci, nic_order, nic_pci_paths, pci_address, pci_distance, pci_path
+from ..transport.topology import (local_gpu_pci, nic_order, nic_pci_paths, pci_address, pci_distance, pci_path,
+                                  read_text)
 
 SYS = "/sys"   # the sysfs root of the NIC and affinity reports (tests point it at a fake tree)
 SYS_IB = "/sys/class/infiniband"
@@ -25,16 +26,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="the report as JSON")
 
 
-def _read(path: str) -> str | None:
-    try:
-        with open(path) as f:
-            return f.read().strip()
-    except OSError:
-        return None
-
-
 def _int(path: str) -> int | None:
-    v = _read(path)
+    v = read_text(path)
     try:
         return int(v) if v is not None else None
     except ValueError:
@@ -64,7 +57,7 @@ def nics(sys_root: str | None = None) -> list[dict]:
         out.append({
             "name": name,
             "ipv4": _ipv4(name),
-            "operstate": _read(f"{base}/operstate"),
+            "operstate": read_text(f"{base}/operstate"),
             "carrier": _int(f"{base}/carrier"),
             "speed_mbps": speed if speed is not None and speed > 0 else None,
             "mtu": _int(f"{base}/mtu"),
@@ -128,9 +121,9 @@ def rdma() -> tuple[list[dict], str]:
             ports = []
             pdir = f"{SYS_IB}/{d}/ports"
             for p in sorted(os.listdir(pdir)) if os.path.isdir(pdir) else []:
-                ports.append({"port": int(p), "state": _read(f"{pdir}/{p}/state"),
-                              "phys_state": _read(f"{pdir}/{p}/phys_state"), "rate": _read(f"{pdir}/{p}/rate"),
-                              "link_layer": _read(f"{pdir}/{p}/link_layer")})
+                ports.append({"port": int(p), "state": read_text(f"{pdir}/{p}/state"),
+                              "phys_state": read_text(f"{pdir}/{p}/phys_state"), "rate": read_text(f"{pdir}/{p}/rate"),
+                              "link_layer": read_text(f"{pdir}/{p}/link_layer")})
             net = sorted(os.listdir(f"{SYS_IB}/{d}/device/net")) if os.path.isdir(f"{SYS_IB}/{d}/device/net") else []
             devs.append({"name": d, "ports": ports, "netdevs": net})
     try:

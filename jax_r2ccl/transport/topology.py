@@ -12,7 +12,8 @@ GPU_CLASSES = ("0x0300", "0x0302")   # VGA controller, 3D controller (class code
 _PCI_FUNCTION = re.compile(r"[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]")
 
 
-def _read(path: str) -> str | None:
+def read_text(path: str) -> str | None:
+    """A sysfs file's stripped text, or None when it cannot be read."""
     try:
         with open(path) as f:
             return f.read().strip()
@@ -74,8 +75,8 @@ def local_gpu_pci(sys_root: str = "/sys") -> list[str]:
         addrs = sorted(os.listdir(base))
     except OSError:
         return []
-    gpus = [a for a in addrs if _read(f"{base}/{a}/vendor") == NVIDIA
-            and (_read(f"{base}/{a}/class") or "").startswith(GPU_CLASSES)]
+    gpus = [a for a in addrs if read_text(f"{base}/{a}/vendor") == NVIDIA
+            and (read_text(f"{base}/{a}/class") or "").startswith(GPU_CLASSES)]
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is None:
         return gpus
