@@ -7,6 +7,7 @@
 #include <atomic>
 #include <exception>
 #include <string>
+#include <utility>
 
 #include "base/error.h"
 #include "coll/runtime.h"
@@ -63,6 +64,22 @@ auto guard(const char* where, Body&& body, OnError&& on_error) -> decltype(body(
   } catch (...) {
     return on_error(Error(Cause::kInternal, -1, std::string(where) + ": unexpected exception of unknown type"));
   }
+}
+
+// The custom call's signature after any platform context (the CUDA stream): the run id, the
+// operands x, group, rank, the result, and the attributes, in this order on every platform.
+template <typename Binding>
+auto bind_collective(Binding b) {
+  return std::move(b).template Ctx<xffi::RunId>()
+      .template Arg<xffi::AnyBuffer>()
+      .template Arg<xffi::Buffer<xffi::S32>>()
+      .template Arg<xffi::Buffer<xffi::S32>>()
+      .template Ret<xffi::AnyBuffer>()
+      .template Attr<int64_t>("comm_id")
+      .template Attr<int64_t>("op_id")
+      .template Attr<int64_t>("kind")
+      .template Attr<int64_t>("reduce_op")
+      .template Attr<int64_t>("root");
 }
 
 // Decodes the operands every handler has into `c` (all but the data pointers' meaning, which

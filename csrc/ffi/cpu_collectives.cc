@@ -123,17 +123,7 @@ xffi::Future collective(xffi::RunId run_id, xffi::AnyBuffer x, xffi::Buffer<xffi
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(R2cclCollectiveCpu, collective,
-                              xffi::Ffi::Bind()
-                                  .Ctx<xffi::RunId>()
-                                  .Arg<xffi::AnyBuffer>()
-                                  .Arg<xffi::Buffer<xffi::S32>>()
-                                  .Arg<xffi::Buffer<xffi::S32>>()
-                                  .Ret<xffi::AnyBuffer>()
-                                  .Attr<int64_t>("comm_id")
-                                  .Attr<int64_t>("op_id")
-                                  .Attr<int64_t>("kind")
-                                  .Attr<int64_t>("reduce_op")
-                                  .Attr<int64_t>("root"));
+                              bind_collective(xffi::Ffi::Bind()));
 
 void* collective_cpu_handler() { return reinterpret_cast<void*>(R2cclCollectiveCpu); }
 

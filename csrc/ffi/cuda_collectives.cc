@@ -89,18 +89,7 @@ xffi::Error collective(cudaStream_t stream, xffi::RunId run_id, xffi::AnyBuffer 
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(R2cclCollectiveCuda, collective,
-                              xffi::Ffi::Bind()
-                                  .Ctx<xffi::PlatformStream<cudaStream_t>>()
-                                  .Ctx<xffi::RunId>()
-                                  .Arg<xffi::AnyBuffer>()
-                                  .Arg<xffi::Buffer<xffi::S32>>()
-                                  .Arg<xffi::Buffer<xffi::S32>>()
-                                  .Ret<xffi::AnyBuffer>()
-                                  .Attr<int64_t>("comm_id")
-                                  .Attr<int64_t>("op_id")
-                                  .Attr<int64_t>("kind")
-                                  .Attr<int64_t>("reduce_op")
-                                  .Attr<int64_t>("root"));
+                              bind_collective(xffi::Ffi::Bind().Ctx<xffi::PlatformStream<cudaStream_t>>()));
 
 void* collective_cuda_handler() { return reinterpret_cast<void*>(R2cclCollectiveCuda); }
 

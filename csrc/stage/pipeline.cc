@@ -34,6 +34,21 @@ Geometry geometry(coll::Kind kind, uint64_t count, int n) {
   }
 }
 
+// Chunk c's collective (of N, U elements each): the same kind over the chunk's elements,
+// under its own op id; its buffers are the staging at `stage` (in) and `stage + out_at` (out).
+coll::DeviceCall chunk_call(const coll::DeviceCall& call, const Geometry& g, uint64_t U, uint64_t c, uint8_t* stage,
+                            size_t out_at) {
+  coll::DeviceCall sub = call;
+  sub.done = nullptr;
+  sub.op_id = call.op_id ^ ((c + 1) << 40);
+  const uint64_t len = std::min(U, g.seg - std::min(g.seg, c * U));
+  sub.in = stage;
+  sub.out = stage ? stage + out_at : nullptr;
+  sub.count = len * g.in_rows;
+  sub.out_count = len * g.out_rows;
+  return sub;
+}
+
 enum class St { kIdle, kToHost, kStaged, kReducing, kReduced, kToDevice, kDone };
 
 // What the callbacks (copy engine, executor) and the driving thread share. Held by
@@ -124,12 +139,7 @@ void abandon_staged(coll::Runtime& rt, const coll::DeviceCall& call, const Pipel
   const uint64_t U = chunk_elements(call.kind, n, coll::dtype_size(call.dtype), opt.chunk_bytes);
   const uint64_t N = g.seg == 0 ? 1 : (g.seg + U - 1) / U;
   for (uint64_t c = 0; c < N; c++) {
-    coll::DeviceCall sub = call;
-    sub.done = nullptr;
-    sub.op_id = call.op_id ^ ((c + 1) << 40);
-    const uint64_t len = std::min(U, g.seg - std::min(g.seg, c * U));
-    sub.count = len * g.in_rows;
-    sub.out_count = len * g.out_rows;
+    coll::DeviceCall sub = chunk_call(call, g, U, c, nullptr, 0);
     rt.abandon(sub, why);
   }
 }
@@ -163,24 +173,7 @@ PipelineResult run_staged(coll::Runtime& rt, const coll::DeviceCall& call, CopyE
     abandon_staged(rt, call, opt, e);
     throw e;
   }
-  // Chunk c's collective: the same kind over the chunk's elements, under its own op id.
-  auto make_sub = [&](uint64_t c, uint8_t* stage) {
-    coll::DeviceCall sub;
-    sub.comm_id = call.comm_id;
-    sub.group = call.group;
-    sub.rank = call.rank;
-    sub.run_id = call.run_id;
-    sub.op_id = call.op_id ^ ((c + 1) << 40);
-    sub.kind = call.kind;
-    sub.dtype = call.dtype;
-    sub.op = call.op;
-    sub.root = call.root;
-    sub.in = stage;
-    sub.out = stage ? stage + out_at : nullptr;
-    sub.count = std::min(U, g.seg - std::min(g.seg, c * U)) * g.in_rows;
-    sub.out_count = std::min(U, g.seg - std::min(g.seg, c * U)) * g.out_rows;
-    return sub;
-  };
+  auto make_sub = [&](uint64_t c, uint8_t* stage) { return chunk_call(call, g, U, c, stage, out_at); };
   // Chunks this rank will not make (after an error): the process's other local ranks must
   // not wait for them.
   auto abandon_from = [&](uint64_t first, const Error& e) {
