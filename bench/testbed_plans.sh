@@ -24,10 +24,9 @@ NETNS="$PYTHON -m jax_r2ccl testbed"   # the project's own test bed (jax-r2ccl t
 NSRUN="$NETNS run"
 # One healthy NIC's payload rate for the cost model: 100 Mbit/s less ~4.3% TCP/IP headers.
 LINK_RATE=${LINK_RATE:-11962500}
-# 100mbit links with 50 ms tbf queues shared by 3 peers' rails: keep each rail's window small
-# (the default 1 MiB per rail overflows the queues: 80% of the NIC sum, measured; 128 KiB: 96%).
-export R2CCL_RAIL_WINDOW_BYTES=${R2CCL_RAIL_WINDOW_BYTES:-131072}
-export R2CCL_CHUNK_BYTES=${R2CCL_CHUNK_BYTES:-65536}
+# Default settings: each rail's window sizes itself (R2CCL_RAIL_QUEUE_MS), so the 50 ms tbf
+# queues shared by 3 peers' rails do not overflow (issue 13; before it this script had to set
+# a 128 KiB window by hand).
 
 [[ $EUID -eq 0 ]] || { echo "testbed_plans: must run as root (network namespaces)" >&2; exit 2; }
 mkdir -p "$OUT"

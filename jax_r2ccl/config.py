@@ -79,12 +79,17 @@ SETTINGS: tuple[Setting, ...] = (
             "Transport backend: socket (TCP). ibverbs is not built yet.",
             default="socket"),
     Setting("R2CCL_CHUNK_BYTES", "chunk_bytes", int,
-            f"Payload bytes per chunk ({_size(CONSTANTS['min_chunk_bytes'])} to "
-            f"{_size(CONSTANTS['max_chunk_bytes'])}); chunks are dealt to rails by weight."),
+            f"Largest payload per chunk ({_size(CONSTANTS['min_chunk_bytes'])} to "
+            f"{_size(CONSTANTS['max_chunk_bytes'])}); a rail's chunks are a quarter of its window, "
+            "at least 16 KiB (or this, when smaller), at most this."),
     Setting("R2CCL_RAIL_WINDOW_BYTES", "rail_window_bytes", int,
-            "Unacknowledged bytes one rail may carry (what a failure re-sends at most per rail). Keep "
-            "it near the bandwidth-delay product: more only fills switch and qdisc queues, which delays "
-            "the acks of traffic in the other direction (measured: 4 MiB cost 12% of all-reduce busbw)."),
+            "Most unacknowledged bytes one rail may carry (what a failure re-sends at most per rail). "
+            "Below it each rail's window follows its own measured bandwidth x R2CCL_RAIL_QUEUE_MS "
+            "(plus its round trip; at least 32 KiB), and its chunks are a quarter of that window."),
+    Setting("R2CCL_RAIL_QUEUE_MS", "rail_queue_ms", int,
+            "Target queueing delay per rail: its window holds its measured bandwidth x this. Small "
+            "enough that NIC and switch queues shared by many peers do not overflow; large enough to "
+            "cover the acks' turnaround. Stall detection allows each rail this drain time too."),
     Setting("R2CCL_CONNS_PER_NIC", "conns_per_nic", int,
             "TCP connections per NIC pair (each is a rail of its own)."),
     Setting("R2CCL_TIMEOUT", "timeout_s", float,
@@ -98,8 +103,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("R2CCL_HEARTBEAT_MISSES", "heartbeat_misses", int,
             "Heartbeat periods of silence after which a rail is declared failed."),
     Setting("R2CCL_STALL_MS", "stall_ms", int,
-            "A rail with unacknowledged chunks and no ack for this long, while a sibling rail "
-            "is alive, is declared failed (black-hole detection)."),
+            "A rail with unacknowledged chunks and no ack for this long plus the time its own "
+            "measured bandwidth needs to drain them, while a sibling rail is alive, is declared "
+            "failed (black-hole detection)."),
     Setting("R2CCL_REPROBE_MS", "reprobe_ms", int,
             "Period of reconnect attempts on a failed rail (failback)."),
     Setting("R2CCL_CONNECT_TIMEOUT_MS", "connect_timeout_ms", int,

@@ -1,5 +1,5 @@
 """Builds and runs the standalone C++ unit tests in tests/cpp (test_wire, test_digest, test_reduce,
-test_plan).
+test_plan, test_rail_pace).
 
 The tests are configured with -DR2CCL_CPP_TESTS=ON and built once per pytest session for each
 variant (plain, and AddressSanitizer + UBSan via -DR2CCL_SANITIZE=ON) under
@@ -20,7 +20,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 BUILD_ROOT = ROOT / "build" / "pytest-cpp"
-TARGETS = ("test_wire", "test_digest", "test_reduce", "test_plan")
+TARGETS = ("test_wire", "test_digest", "test_reduce", "test_plan", "test_rail_pace")
 VARIANTS = {
     "plain": ["-DR2CCL_SANITIZE=OFF"],
     "sanitize": ["-DR2CCL_SANITIZE=ON"],

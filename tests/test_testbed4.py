@@ -19,7 +19,7 @@ def test_four_hosts_replan_when_a_host_loses_a_nic_and_stay_bit_exact():
     try:
         res = run_ranks("replan_loop", 4, nics=NICS, timeout=240,
                         netns=hosts(4),
-                        config={"timeout_s": 30.0, "rail_window_bytes": 131072, "chunk_bytes": 65536},
+                        config={"timeout_s": 30.0},
                         args={"count": 2 << 20, "iters": 12, "fault_cmd": tb("fail", 3, 3),
                               "fault_after_s": 1.5})
     finally:

@@ -12,6 +12,7 @@ std::string Config::validate() const {
                "must be between " + std::to_string(kChunkBytesMin) + " and " + std::to_string(kChunkBytesMax));
   if (rail_window_bytes < chunk_bytes)
     return bad("R2CCL_RAIL_WINDOW_BYTES", "must be at least R2CCL_CHUNK_BYTES");
+  if (rail_queue_ms < 1 || rail_queue_ms > 10000) return bad("R2CCL_RAIL_QUEUE_MS", "must be 1..10000");
   if (conns_per_nic < 1 || conns_per_nic > 16) return bad("R2CCL_CONNS_PER_NIC", "must be 1..16");
   if (!(timeout_s > 0)) return bad("R2CCL_TIMEOUT", "must be > 0 seconds");
   if (heartbeat_ms < 1) return bad("R2CCL_HEARTBEAT_MS", "must be >= 1");

@@ -19,8 +19,9 @@ inline constexpr uint64_t kStagingChunkMin = 4096;
 inline constexpr uint64_t kStagingChunkMax = 1ull << 30;
 
 struct Config {
-  uint64_t chunk_bytes = 256 << 10;          // R2CCL_CHUNK_BYTES: payload bytes per data frame
-  uint64_t rail_window_bytes = 1 << 20;      // R2CCL_RAIL_WINDOW_BYTES: unacked bytes one rail may hold
+  uint64_t chunk_bytes = 256 << 10;          // R2CCL_CHUNK_BYTES: largest payload per data frame
+  uint64_t rail_window_bytes = 4 << 20;      // R2CCL_RAIL_WINDOW_BYTES: most unacked bytes one rail may hold
+  int rail_queue_ms = 10;                    // R2CCL_RAIL_QUEUE_MS: a rail's window = its bandwidth x this (+ its RTT)
   int conns_per_nic = 1;                     // R2CCL_CONNS_PER_NIC: TCP connections per NIC pair
   double timeout_s = 30.0;                   // R2CCL_TIMEOUT: all rails down / no progress -> error
   int heartbeat_ms = 100;                    // R2CCL_HEARTBEAT_MS: idle-rail heartbeat period

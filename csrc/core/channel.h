@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "core/endpoint.h"
+#include "core/rail_pace.h"
 #include "core/request.h"
 #include "core/wire.h"
 #include "net/transport.h"
@@ -80,6 +81,7 @@ struct Rail {
   TxFrame cur;
   std::deque<TxFrame> ctrl;
   uint64_t inflight = 0;           // bytes dealt to this rail and not yet acknowledged
+  RailPace pace;                   // its window, chunk size and drain allowance
   // Time with bytes in flight: acked bytes over busy time is what the rail delivers when it
   // has work (the health monitor's bandwidth estimate), whatever the demand.
   int64_t busy_ns = 0, busy_since_ns = 0;
@@ -97,7 +99,7 @@ struct Rail {
   int64_t tokens_ns = 0, next_tx_ns = 0;
 
   uint64_t tx_bytes = 0, rx_bytes = 0, tx_chunks = 0, rx_chunks = 0, acked_bytes = 0;
-  uint64_t retransmitted = 0, failures = 0, recoveries = 0;
+  uint64_t retransmitted = 0, failures = 0, recoveries = 0, stalls = 0;
   std::string last_error;
   double changed_unix_s = 0;
 };
@@ -108,6 +110,7 @@ struct Chunk {
   uint64_t offset = 0;
   uint32_t len = 0;
   int rail = -1;
+  int64_t dealt_ns = 0;            // when it was last handed to a rail
   bool resend = false;
   bool void_ = false;              // the send was cancelled: tells the receiver to abandon it
 };

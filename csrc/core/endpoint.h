@@ -27,6 +27,9 @@ struct RailStats {
   uint64_t retransmitted_chunks = 0;         // chunks this rail carried for a failed sibling
   uint64_t inflight_bytes = 0;
   uint64_t failures = 0, recoveries = 0;
+  uint64_t stalls = 0;                       // failures declared because acks stopped (black-hole detection)
+  uint64_t window_bytes = 0;                 // its current in-flight window (RailPace)
+  double pace_bw = 0;                        // its delivered bandwidth as the window sees it (bytes/s; 0: none yet)
   double rtt_us = 0;                         // last heartbeat round trip (0: none yet)
   double busy_s = 0;                         // time with bytes in flight (acked_bytes / busy_s: delivered rate)
   bool link_down = false;                    // its local NIC is held down (set_nic_state)

@@ -160,6 +160,12 @@ void Engine::add_peer(int peer, const std::vector<std::string>& addrs) {
     size_t n_local = nics_.size(), n_remote = remote.size();
     size_t pairs = std::max(n_local, n_remote);
     int64_t now = now_ns();
+    RailPace::Limits pace;
+    pace.max_window = cfg_.rail_window_bytes;
+    pace.max_chunk = cfg_.chunk_bytes;
+    pace.min_chunk = kMinChunkBytes;
+    pace.min_window = 2 * kMinChunkBytes;
+    pace.target_ns = cfg_.rail_queue_ms * kMs;
     for (size_t i = 0; i < pairs * static_cast<size_t>(cfg_.conns_per_nic); i++) {
       auto r = std::make_unique<Rail>();
       r->ch = ch.get();
@@ -168,6 +174,7 @@ void Engine::add_peer(int peer, const std::vector<std::string>& addrs) {
       r->local_nic = static_cast<int>(p % n_local);
       r->remote_nic = static_cast<int>(p % n_remote);
       r->poll.obj = r.get();
+      r->pace = RailPace(pace);
       r->changed_ns = now;
       r->changed_unix_s = unix_time_s();
       ch->rails.push_back(std::move(r));
@@ -317,6 +324,32 @@ void Engine::on_event(Pollable* p, uint32_t ev) {
 
 // ---------------------------------------------------------------- timers
 
+// Every local NIC's delivered rate x R2CCL_RAIL_QUEUE_MS, shared equally among the rails
+// that were busy on it lately (RailPace).
+void Engine::share_windows(int64_t now) {
+  const int64_t since = now - std::max<int64_t>(50, 2 * cfg_.rail_queue_ms) * kMs;
+  std::vector<double> rate(nics_.size(), 0.0), inflight(nics_.size(), 0.0);
+  std::vector<int> busy(nics_.size(), 0);
+  for (auto& [peer, ch] : channels_)
+    for (auto& r : ch->rails)
+      if (r->state == RailState::kUp && r->pace.busy_since(since)) {
+        const size_t k = static_cast<size_t>(r->local_nic);
+        rate[k] += r->pace.share_rate();
+        inflight[k] += static_cast<double>(r->inflight);
+        busy[k]++;
+      }
+  nic_drain_ns_.assign(nics_.size(), 0);
+  for (size_t k = 0; k < nics_.size(); k++)
+    if (rate[k] > 0) nic_drain_ns_[k] = static_cast<int64_t>(inflight[k] * 1e9 / rate[k]);
+  for (auto& [peer, ch] : channels_) {
+    for (auto& r : ch->rails) {
+      const size_t k = static_cast<size_t>(r->local_nic);
+      if (r->pace.busy_since(since)) r->pace.share_window(rate[k], busy[k]);
+    }
+    pump(*ch);
+  }
+}
+
 void Engine::tick(int64_t now) {
   const int64_t stall = cfg_.stall_ms * kMs;
   const int64_t hb = cfg_.heartbeat_ms * kMs;
@@ -324,6 +357,7 @@ void Engine::tick(int64_t now) {
     if (!p->dead && now > p->deadline_ns && !p->parked) pending_reject(*p, "handshake not finished in time");
     else if (!p->dead && p->parked && now > p->deadline_ns + 10 * cfg_.connect_timeout_ms * kMs)
       pending_reject(*p, "hello names a rank that never joined");
+  share_windows(now);
   for (auto& [peer, chp] : channels_) {
     Channel& ch = *chp;
     if (ch.dead) continue;
@@ -334,10 +368,16 @@ void Engine::tick(int64_t now) {
           bool sibling_alive = false;
           for (auto& o : ch.rails)
             if (o.get() != &r && o->state == RailState::kUp && now - o->last_rx_ns < stall) sibling_alive = true;
-          if (r.inflight > 0 && now - r.progress_ns > stall && sibling_alive) {
+          // Slow is not dead: the peer gets what the rail's own measured rate needs to drain
+          // what it holds, on top of R2CCL_STALL_MS.
+          const int64_t drain =
+              r.inflight > 0 ? r.pace.drain_ns(r.inflight, nic_drain_ns_[static_cast<size_t>(r.local_nic)]) : 0;
+          if (r.inflight > 0 && now - r.progress_ns > stall + drain && sibling_alive) {
+            r.stalls++;
             fail_rail(ch, r,
                       "stalled: " + std::to_string(r.inflight) + " bytes unacknowledged for " +
-                          std::to_string((now - r.progress_ns) / kMs) + " ms while other rails progress",
+                          std::to_string((now - r.progress_ns) / kMs) + " ms (its measured drain time: " +
+                          std::to_string(drain / kMs) + " ms) while other rails progress",
                       false);
           } else if (now - r.last_rx_ns > hb * cfg_.heartbeat_misses) {
             fail_rail(ch, r,
@@ -480,6 +520,9 @@ std::vector<RailStats> Engine::stats(int peer) {
       s.inflight_bytes = r.inflight;
       s.failures = r.failures;
       s.recoveries = r.recoveries;
+      s.stalls = r.stalls;
+      s.window_bytes = r.pace.window();
+      s.pace_bw = r.pace.bandwidth();
       s.rtt_us = static_cast<double>(r.rtt_ns) / 1e3;
       s.busy_s = static_cast<double>(r.busy_ns + (r.busy_since_ns ? now_ns() - r.busy_since_ns : 0)) / 1e9;
       s.link_down = nic_down_[static_cast<size_t>(r.local_nic)];

@@ -68,6 +68,7 @@ class Engine {
   void run_commands();
   void on_event(Pollable* p, uint32_t ev);
   void tick(int64_t now);
+  void share_windows(int64_t now);
   int next_timeout_ms(int64_t now) const;
 
   // listeners and acceptor-side handshake
@@ -99,7 +100,6 @@ class Engine {
   // channels
   Channel* channel(int peer);
   void pump(Channel& ch);
-  uint64_t rail_chunk_bytes(double share) const;
   bool next_chunk(Channel& ch, Chunk* c, uint64_t max_len);
   void on_ack(Channel& ch, Rail& r, uint64_t first, uint64_t last);
   void post_recv(Channel& ch, const std::shared_ptr<Request>& req);
@@ -137,6 +137,7 @@ class Engine {
   std::vector<bool> nic_down_;     // held down by set_nic_state
   std::vector<std::string> nic_down_why_;
   int64_t next_tick_ns_ = 0;
+  std::vector<int64_t> nic_drain_ns_;   // per local NIC: its rails' bytes in flight / its rate (share_windows)
 };
 
 }  // namespace r2ccl

@@ -53,24 +53,14 @@ bool Engine::next_chunk(Channel& ch, Chunk* c, uint64_t max_len) {
   return false;
 }
 
-// New chunks for a rail with `share` = weight / largest weight: R2CCL_CHUNK_BYTES scaled
-// down, so a chunk takes about as long on a slow rail as on a fast one.
-uint64_t Engine::rail_chunk_bytes(double share) const {
-  const uint64_t lo = std::min<uint64_t>(kMinChunkBytes, cfg_.chunk_bytes);
-  return std::clamp<uint64_t>(static_cast<uint64_t>(static_cast<double>(cfg_.chunk_bytes) * share), lo,
-                              cfg_.chunk_bytes);
-}
-
 void Engine::pump(Channel& ch) {
   if (ch.dead) return;
   // Weighted fair dealing: among rails free to take a chunk, the one furthest behind its
-  // share (bytes / weight) gets it. Each rail's window is its weight's share of
-  // R2CCL_RAIL_WINDOW_BYTES, so when every rail is window-bound (the sender outruns the
-  // network or the receiver) the split follows the weights; a rail that cannot keep up
-  // with its share is skipped rather than waited for, so it never sets the pace.
-  double max_weight = 0;
-  for (auto& rp : ch.rails)
-    if (rp->state == RailState::kUp) max_weight = std::max(max_weight, rp->weight);
+  // share (bytes / weight) gets it. Each rail's window and chunk size follow its measured
+  // bandwidth (RailPace: about R2CCL_RAIL_QUEUE_MS of its own traffic), so when every rail is
+  // window-bound (the sender outruns the network or the receiver) the split follows what
+  // each rail delivers; a rail that cannot keep up is skipped rather than waited for, so it
+  // never sets the pace.
   for (;;) {
     Rail* best = nullptr;
     double best_vt = 0;
@@ -79,16 +69,11 @@ void Engine::pump(Channel& ch) {
       Rail& r = *rp;
       if (r.state != RailState::kUp || r.fault == Fault::kStall || r.cur.active || !r.ctrl.empty()) continue;
       if (r.weight <= 0) continue;
-      // Window and chunk size both scale with the weight: every rail holds about the same
-      // time's worth of bytes, so none keeps a message waiting long after its siblings.
-      const double share = r.weight / max_weight;
-      const uint64_t chunk = rail_chunk_bytes(share);
-      uint64_t window =
-          std::max<uint64_t>(chunk, static_cast<uint64_t>(static_cast<double>(cfg_.rail_window_bytes) * share));
-      if (r.inflight > 0 && r.inflight + chunk > window) continue;
+      const uint64_t chunk = r.pace.chunk();
+      if (r.inflight > 0 && r.inflight + chunk > r.pace.window()) continue;
       if (r.next_tx_ns > now) continue;
       // A rail that was busy keeps up to one window of credit, so it catches up when free.
-      double vt = std::max(r.vtime, ch.vclock - static_cast<double>(cfg_.rail_window_bytes));
+      double vt = std::max(r.vtime, ch.vclock - static_cast<double>(r.pace.window()));
       if (!best || vt < best_vt) {
         best = &r;
         best_vt = vt;
@@ -97,7 +82,7 @@ void Engine::pump(Channel& ch) {
     if (!best) return;
     Rail& r = *best;
     Chunk c;
-    if (!next_chunk(ch, &c, rail_chunk_bytes(r.weight / max_weight))) return;
+    if (!next_chunk(ch, &c, r.pace.chunk())) return;
     if (c.void_) {
       c.len = 0;
       c.offset = 0;
@@ -106,6 +91,8 @@ void Engine::pump(Channel& ch) {
     r.vtime = best_vt + static_cast<double>(std::max<uint32_t>(c.len, 1)) / r.weight;
     if (r.inflight == 0) r.progress_ns = now;
     if (r.inflight == 0 && c.len > 0) r.busy_since_ns = now;
+    if (c.len > 0) r.pace.on_deal(now, r.inflight == 0);
+    c.dealt_ns = now;
     r.inflight += c.len;
     if (c.resend) r.retransmitted++;
     c.rail = r.index;
@@ -145,6 +132,7 @@ void Engine::on_ack(Channel& ch, Rail& r, uint64_t first, uint64_t last) {
       Rail& carrier = *ch.rails[c.rail];
       carrier.inflight -= std::min<uint64_t>(carrier.inflight, c.len);
       carrier.acked_bytes += c.len;
+      if (c.len > 0) carrier.pace.on_ack(now, c.len, c.resend ? 0 : c.dealt_ns, carrier.inflight);
       if (carrier.inflight == 0 && carrier.busy_since_ns) {
         carrier.busy_ns += now - carrier.busy_since_ns;
         carrier.busy_since_ns = 0;

@@ -256,6 +256,7 @@ void Engine::fail_rail(Channel& ch, Rail& r, const std::string& why, bool by_pee
   r.ctrl.clear();
   r.rx.reset();
   r.inflight = 0;
+  r.pace.on_idle();
   if (r.busy_since_ns) r.busy_ns += now - r.busy_since_ns;
   r.busy_since_ns = 0;
   // Lossless: every chunk this rail had not had acknowledged is sent again elsewhere.

@@ -93,6 +93,9 @@ nb::dict stats_dict(const RailStats& s) {
   d["inflight_bytes"] = s.inflight_bytes;
   d["failures"] = s.failures;
   d["recoveries"] = s.recoveries;
+  d["stalls"] = s.stalls;
+  d["window_bytes"] = s.window_bytes;
+  d["pace_bw"] = s.pace_bw;
   d["rtt_us"] = s.rtt_us;
   d["fault"] = s.fault;
   d["last_error"] = s.last_error;
@@ -118,6 +121,7 @@ NB_MODULE(_core, m) {
   config_cls.def(nb::init<>());
   config_field(config_cls, config_defaults, "chunk_bytes", &Config::chunk_bytes);
   config_field(config_cls, config_defaults, "rail_window_bytes", &Config::rail_window_bytes);
+  config_field(config_cls, config_defaults, "rail_queue_ms", &Config::rail_queue_ms);
   config_field(config_cls, config_defaults, "conns_per_nic", &Config::conns_per_nic);
   config_field(config_cls, config_defaults, "timeout_s", &Config::timeout_s);
   config_field(config_cls, config_defaults, "heartbeat_ms", &Config::heartbeat_ms);

@@ -14,7 +14,8 @@ import time
 
 import numpy as np
 
-from .common import Column, Dist, FaultTrigger, add_common_args, format_size, format_table, median, write_json
+from .common import (Column, Dist, FaultTrigger, add_common_args, format_size, format_table, median, stall_count,
+                     write_json)
 
 OPS = {
     "allreduce": ("psum", lambda n: 2 * (n - 1) / n),
@@ -174,6 +175,13 @@ def main(args: argparse.Namespace) -> int:
             rows.append(row)
     # every process's wrong counts matter: sum them
     totals = dist.gather("wrong", [r["wrong"] for r in rows])
+    mine = 0
+    try:
+        ep = runtime.current().endpoint
+        mine = sum(stall_count(ep.rail_stats(p)) for p in range(args.num_processes) if p != args.process_id)
+    except Exception:  # noqa: BLE001 - no endpoint (one process): nothing stalled
+        pass
+    stalls = dist.gather("stalls", mine)
     if args.process_id == 0:
         for i, r in enumerate(rows):
             r["wrong"] = sum(t[i] for t in totals)
@@ -193,6 +201,8 @@ def main(args: argparse.Namespace) -> int:
         print(format_table(cols, rows))
         if fault:
             print(f"# fault: {fault.summary()}")
+        print(f"# stalls declared (rails failed over because their acks stopped), per process: "
+              f"{' '.join(str(x) for x in stalls)}")
         if args.json:
             stats = {}
             try:
@@ -201,7 +211,7 @@ def main(args: argparse.Namespace) -> int:
             except Exception:  # noqa: BLE001
                 pass
             write_json(args.json, {"config": vars(args) | {"sizes": args.sizes}, "results": rows,
-                                   "iterations": iterations, "rail_stats": stats,
+                                   "iterations": iterations, "rail_stats": stats, "stalls": stalls,
                                    "core": getattr(_core, "__file__", "")})
     dist.barrier("done")
     jax_r2ccl.shutdown()

@@ -103,6 +103,12 @@ def median(values: Sequence[float]) -> float | None:
 # ---------------------------------------------------------------- JSON
 
 
+def stall_count(rails: Any) -> int:
+    """Rails the core declared stalled (acks stopped) and failed over, summed over `rails`
+    (a list of rail_stats dicts)."""
+    return sum(int(r.get("stalls", 0)) for r in rails if isinstance(r, dict))
+
+
 def write_json(path: str, obj: Any) -> None:
     """Writes obj as indented JSON, atomically (temporary file, then rename)."""
     d = os.path.dirname(os.path.abspath(path))

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from .common import (Column, Dist, FaultTrigger, add_common_args, format_size, format_table,
-                     median, nic_ipv4, write_json)
+                     median, nic_ipv4, stall_count, write_json)
 
 IPPROTO_MPTCP = 262
 SOL_MPTCP = 284
@@ -515,6 +515,12 @@ def report(args, cfg, nics, everyone: list[dict], t_begin: float, build: dict, w
         print(f"# note: {n}")
     for e in errors:
         print(f"# error: {e}")
+    # Rails each process's core declared stalled and failed over (0 on a healthy bed).
+    stalls = {str(rep["rank"]): {impl: stall_count(st.get("rails", [])) for impl, st in rep["rail_stats"].items()
+                                 if impl.startswith("r2ccl")} for rep in (everyone or []) if rep["rail_stats"]}
+    if stalls:
+        print("# stalls declared: " + ", ".join(f"rank {r}: " + " ".join(f"{i}={n}" for i, n in v.items())
+                                                for r, v in stalls.items()))
     wrong = sum(r.get("wrong") or 0 for r in results)
     if args.json and write:
         config = {k: v for k, v in vars(args).items() if k not in ("sizes", "handler", "command", "bench")}
@@ -528,7 +534,8 @@ def report(args, cfg, nics, everyone: list[dict], t_begin: float, build: dict, w
         config["core_build"] = build
         rail_stats = {str(rep["rank"]): rep["rail_stats"] for rep in everyone if rep["rail_stats"]}
         write_json(args.json, {"config": config, "results": results, "iterations": iterations,
-                               "rail_stats": rail_stats, "fault": fault, "notes": notes, "errors": errors})
+                               "rail_stats": rail_stats, "stalls": stalls, "fault": fault, "notes": notes,
+                               "errors": errors})
         print(f"# wrote {args.json}")
     if wrong:
         print(f"# FAILED: {wrong} wrong iteration(s)")
