@@ -101,6 +101,12 @@ class Endpoint {
   // Says goodbye to every peer and stops the engine. Pending requests fail with kClosed.
   void close();
 
+  // Tests only: occupy the engine thread for `seconds`; set how long calls into the engine
+  // wait for it; make a call into the engine from the engine thread (its error text).
+  void testing_block_engine(double seconds);
+  void testing_set_call_timeout(double seconds);
+  std::string testing_call_from_engine_thread();
+
  private:
   std::unique_ptr<Engine> engine_;
 };

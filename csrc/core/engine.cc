@@ -98,21 +98,67 @@ void Engine::post(std::function<void()> fn) {
   (void)w;
 }
 
+// Any thread but the engine's. fn may capture the caller's locals by reference: call() does
+// not return while fn may still run. On the deadline a command not yet started is withdrawn
+// (it will never run); one already running is waited for (commands are short).
 void Engine::call(std::function<void()> fn) {
+  if (std::this_thread::get_id() == thread_.get_id())
+    throw Error(Cause::kInternal, -1, "Engine::call from the engine thread (it would wait for itself)");
   if (stop_.load()) throw Error(Cause::kClosed, -1, "the r2ccl endpoint is closed");
-  auto done = std::make_shared<std::promise<void>>();
-  auto fut = done->get_future();
-  post([fn = std::move(fn), done] {
+  struct State {
+    std::mutex mu;
+    std::condition_variable cv;
+    enum { kQueued, kRunning, kDone, kWithdrawn } phase = kQueued;
+    std::exception_ptr error;
+  };
+  auto st = std::make_shared<State>();
+  post([fn = std::move(fn), st] {
+    {
+      std::lock_guard<std::mutex> g(st->mu);
+      if (st->phase == State::kWithdrawn) return;
+      st->phase = State::kRunning;
+    }
+    std::exception_ptr err;
     try {
       fn();
-      done->set_value();
     } catch (...) {
-      done->set_exception(std::current_exception());
+      err = std::current_exception();
+    }
+    std::lock_guard<std::mutex> g(st->mu);
+    st->error = err;
+    st->phase = State::kDone;
+    st->cv.notify_all();
+  });
+  std::unique_lock<std::mutex> lk(st->mu);
+  const auto limit = std::chrono::milliseconds(call_timeout_ms_.load());
+  if (!st->cv.wait_for(lk, limit, [&] { return st->phase == State::kDone; })) {
+    if (st->phase == State::kQueued) {
+      st->phase = State::kWithdrawn;
+      throw Error(Cause::kTimeout, -1,
+                  "the r2ccl progress engine did not answer within " + std::to_string(limit.count() / 1000.0) + " s");
+    }
+    st->cv.wait(lk, [&] { return st->phase == State::kDone; });
+  }
+  if (st->error) std::rethrow_exception(st->error);
+}
+
+void Engine::testing_block(double seconds) {
+  post([seconds] { std::this_thread::sleep_for(std::chrono::duration<double>(seconds)); });
+}
+
+std::string Engine::testing_call_from_engine_thread() {
+  auto result = std::make_shared<std::promise<std::string>>();
+  auto fut = result->get_future();
+  post([this, result] {
+    try {
+      call([] {});
+      result->set_value("");
+    } catch (const Error& e) {
+      result->set_value(e.what());
     }
   });
-  if (fut.wait_for(std::chrono::seconds(30)) != std::future_status::ready)
-    throw Error(Cause::kTimeout, -1, "the r2ccl progress engine did not answer within 30 s");
-  fut.get();
+  if (fut.wait_for(std::chrono::seconds(10)) != std::future_status::ready) return "no answer within 10 s";
+  return fut.get();
 }
 
 void Engine::run_commands() {
@@ -713,5 +759,10 @@ void Endpoint::set_nic_state(int nic, bool up, const std::string& why) { engine_
 std::vector<NicInfo> Endpoint::nics() const { return engine_->nic_list(); }
 std::vector<int> Endpoint::peers() { return engine_->peer_list(); }
 void Endpoint::close() { engine_->shutdown(); }
+void Endpoint::testing_block_engine(double seconds) { engine_->testing_block(seconds); }
+void Endpoint::testing_set_call_timeout(double seconds) {
+  engine_->testing_set_call_timeout_ms(static_cast<int64_t>(seconds * 1000));
+}
+std::string Endpoint::testing_call_from_engine_thread() { return engine_->testing_call_from_engine_thread(); }
 
 }  // namespace r2ccl

@@ -5,6 +5,7 @@
 #include <sys/epoll.h>
 
 #include <atomic>
+#include <condition_variable>
 #include <functional>
 #include <list>
 #include <map>
@@ -48,9 +49,17 @@ class Engine {
   std::vector<std::string> addresses() const { return addresses_; }
   const Config& config() const { return cfg_; }
 
-  // Runs fn on the engine thread; call() also waits for it and forwards exceptions.
+  // Runs fn on the engine thread (any thread may post). call() also waits for it and
+  // forwards its exception; it refuses the engine thread itself, and on its deadline
+  // (30 s) withdraws a command that has not started, so fn never outlives the caller's
+  // frame.
   void post(std::function<void()> fn);
   void call(std::function<void()> fn);
+  // Tests: occupy the engine thread; shorten call()'s deadline; call() from the engine
+  // thread (returns its error text).
+  void testing_block(double seconds);
+  void testing_set_call_timeout_ms(int64_t ms) { call_timeout_ms_.store(ms); }
+  std::string testing_call_from_engine_thread();
 
   void add_peer(int peer, const std::vector<std::string>& addrs);
   void submit(const std::shared_ptr<Request>& req);
@@ -127,6 +136,7 @@ class Engine {
   Pollable wake_poll_{Pollable::kWake};
   std::thread thread_;
   std::atomic<bool> stop_{false};
+  std::atomic<int64_t> call_timeout_ms_{30000};
   bool stopped_ = false;
   std::mutex cmd_mu_;
   std::vector<std::function<void()>> cmds_;

@@ -167,6 +167,15 @@ void Engine::start_connect(Channel& ch, Rail& r) {
     attempt_failed(ch, r, e.what(), false);
     return;
   }
+  // A connect that failed at once (the NIC's route is gone: ENETUNREACH, EINVAL) is reported
+  // now with its cause; waiting for readiness would only time out.
+  IoResult early = r.conn->finish_connect();
+  if (early.kind == IoResult::kError) {
+    const int err = early.err;
+    r.conn.reset();
+    attempt_failed(ch, r, std::string("connect: ") + std::strerror(err), err == ECONNREFUSED);
+    return;
+  }
   r.state = RailState::kConnecting;
   r.events = EPOLLOUT | EPOLLIN;
   epoll_add(r.conn->fd(), &r.poll, r.events);

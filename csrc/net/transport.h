@@ -41,7 +41,8 @@ class Connection {
  public:
   virtual ~Connection() = default;
   virtual int fd() const = 0;
-  // Finishes a nonblocking connect: kOk once established, kWouldBlock while pending.
+  // Finishes a nonblocking connect: kOk once established, kWouldBlock while pending, kError
+  // with the errno when it failed (also when connect() itself failed at once).
   virtual IoResult finish_connect() = 0;
   virtual IoResult writev(const iovec* iov, int iovcnt) = 0;
   virtual IoResult read(void* buf, size_t len) = 0;

@@ -33,16 +33,38 @@ using namespace r2ccl;
 namespace {
 
 // A posted request plus the Python object owning its buffer (kept alive until it is done).
+// Requests whose Python handle was dropped before they finished: the owner of their buffer
+// stays referenced here until the engine is done with it, so dropping a handle never frees
+// memory the engine still reads or writes. Touched only with the GIL held; reaped whenever
+// a request is posted or waited for.
+std::vector<std::pair<std::shared_ptr<Request>, nb::object>>& orphans() {
+  static auto* list = new std::vector<std::pair<std::shared_ptr<Request>, nb::object>>();
+  return *list;
+}
+
+void reap_orphans() {
+  auto& o = orphans();
+  o.erase(std::remove_if(o.begin(), o.end(), [](auto& e) { return e.first->finished(); }), o.end());
+}
+
 struct PyRequest {
   std::shared_ptr<Request> req;
   nb::object keepalive;
   Endpoint* ep;
+  PyRequest(std::shared_ptr<Request> r, nb::object k, Endpoint* e) : req(std::move(r)), keepalive(std::move(k)), ep(e) {}
+  PyRequest(PyRequest&&) = default;
+  PyRequest& operator=(PyRequest&&) = default;
+  PyRequest(const PyRequest&) = delete;
+  ~PyRequest() {
+    if (req && keepalive.is_valid() && !req->finished()) orphans().emplace_back(req, std::move(keepalive));
+  }
   void wait(double timeout_s) {
     {
       nb::gil_scoped_release nogil;
       ep->wait(req, timeout_s);
     }
     keepalive = nb::none();
+    reap_orphans();
   }
   bool done() { return req->finished(); }
 };
@@ -202,8 +224,9 @@ NB_MODULE(_core, m) {
       .def(
           "isend",
           [](Endpoint& ep, int peer, Buffer buf, uint64_t tag, nb::handle owner) {
+            reap_orphans();
             auto r = ep.post_send(peer, tag, buf.data(), buf.nbytes());
-            return PyRequest{r, nb::borrow(owner), &ep};
+            return PyRequest(r, nb::borrow(owner), &ep);
           },
           nb::arg("peer"), nb::arg("buffer"), nb::arg("tag"), nb::arg("owner"), nb::keep_alive<0, 1>())
       .def(
@@ -211,8 +234,9 @@ NB_MODULE(_core, m) {
           [](Endpoint& ep, int peer, Buffer buf, uint64_t tag, nb::handle owner) {
             if (buf.nbytes() > 0 && buf.data() == nullptr)
               throw Error(Cause::kInvalidArgument, peer, "receive buffer has no data");
+            reap_orphans();
             auto r = ep.post_recv(peer, tag, buf.data(), buf.nbytes());
-            return PyRequest{r, nb::borrow(owner), &ep};
+            return PyRequest(r, nb::borrow(owner), &ep);
           },
           nb::arg("peer"), nb::arg("buffer"), nb::arg("tag"), nb::arg("owner"), nb::keep_alive<0, 1>())
       .def(
@@ -253,9 +277,22 @@ NB_MODULE(_core, m) {
       .def(
           "close",
           [](Endpoint& ep) {
-            nb::gil_scoped_release nogil;
-            ep.close();
-          });
+            {
+              nb::gil_scoped_release nogil;
+              ep.close();
+            }
+            reap_orphans();   // a closed engine has finished every request
+          })
+      .def("testing_block_engine", &Endpoint::testing_block_engine, nb::arg("seconds"))
+      .def("testing_set_call_timeout", &Endpoint::testing_set_call_timeout, nb::arg("seconds"))
+      .def("testing_call_from_engine_thread", [](Endpoint& ep) {
+        nb::gil_scoped_release nogil;
+        return ep.testing_call_from_engine_thread();
+      });
+  m.def("testing_orphaned_requests", [] {
+    reap_orphans();
+    return orphans().size();
+  }, "Requests whose handle was dropped unfinished and whose buffer is still held (tests).");
 
   nb::class_<monitor::Monitor>(m, "Monitor")
       .def(nb::init<Endpoint&, const Config&>(), nb::arg("endpoint"), nb::arg("config"), nb::keep_alive<1, 2>())

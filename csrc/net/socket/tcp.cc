@@ -54,11 +54,15 @@ int new_socket() {
 
 class TcpConnection final : public Connection {
  public:
-  TcpConnection(int fd, std::string desc) : fd_(fd), desc_(std::move(desc)) {}
+  // `immediate_err`: connect() itself failed with this errno (no route, EINVAL, refused at
+  // once); finish_connect() reports it, since the socket's SO_ERROR never will.
+  TcpConnection(int fd, std::string desc, int immediate_err = 0)
+      : fd_(fd), desc_(std::move(desc)), immediate_err_(immediate_err) {}
   ~TcpConnection() override { ::close(fd_); }
   int fd() const override { return fd_; }
 
   IoResult finish_connect() override {
+    if (immediate_err_ != 0) return {IoResult::kError, 0, immediate_err_};
     int err = 0;
     socklen_t len = sizeof err;
     if (getsockopt(fd_, SOL_SOCKET, SO_ERROR, &err, &len) != 0) err = errno;
@@ -96,6 +100,7 @@ class TcpConnection final : public Connection {
  private:
   int fd_;
   std::string desc_;
+  int immediate_err_;
 };
 
 std::string sock_desc(int fd) {
@@ -175,10 +180,7 @@ class TcpTransport final : public Transport {
     int rc = ::connect(fd, reinterpret_cast<const sockaddr*>(&remote.sa), sizeof remote.sa);
     if (rc != 0 && errno != EINPROGRESS) {
       // Refused or unreachable right away: hand back a connection whose finish reports it.
-      int e = errno;
-      auto c = std::make_unique<TcpConnection>(fd, local.addr_str() + "->" + remote.str());
-      errno = e;
-      return c;
+      return std::make_unique<TcpConnection>(fd, local.addr_str() + "->" + remote.str(), errno);
     }
     return std::make_unique<TcpConnection>(fd, local.addr_str() + "->" + remote.str());
   }
