@@ -162,3 +162,65 @@ def test_a_dropped_request_keeps_its_buffer_until_the_engine_is_done():
     """
     r = run_child(code, timeout=120)
     assert r.returncode == 0 and "OK" in r.stdout, explain(r)
+
+
+def test_host_collectives_refuse_outputs_they_could_not_write():
+    # Before: a strided output was flattened into a copy, the result landed there, and the
+    # caller's array came back unchanged with no error.
+    code = f"""
+        import numpy as np
+        from jax_r2ccl.errors import R2cclError
+        from jax_r2ccl.transport.endpoint import Endpoint
+        from jax_r2ccl.transport.host_collectives import HostCollectives
+        ep = Endpoint(0, 1, nics=["127.0.0.1"], secret={SECRET})
+        hc = HostCollectives(ep)
+        x = np.arange(8, dtype=np.float32)
+        ok = hc.run("all_reduce", [x], process_of_rank=[0], my_ranks=[0])
+        assert np.array_equal(ok[0], x)
+        strided = np.zeros((8, 2), np.float32)[:, 0]
+        readonly = np.zeros(8, np.float32)
+        readonly.flags.writeable = False
+        for bad, words in ((strided, "C-contiguous"), (readonly, "read-only"), (np.zeros(7, np.float32), "writes 8"),
+                           (np.zeros(8, np.int32), "writes 8 x float32")):
+            try:
+                hc.run("all_reduce", [x], process_of_rank=[0], my_ranks=[0], outputs=[bad])
+                raise SystemExit(f"accepted {{bad.strides}} {{bad.dtype}}")
+            except R2cclError as e:
+                assert words in str(e), str(e)
+        good = np.zeros(8, np.float32)
+        out = hc.run("all_reduce", [x], process_of_rank=[0], my_ranks=[0], outputs=[good])
+        assert out[0] is good and np.array_equal(good, x)
+        hc.close()
+        ep._ep.close()
+        print("OK")
+    """
+    r = run_child(code)
+    assert r.returncode == 0 and "OK" in r.stdout, explain(r)
+
+
+def test_each_endpoint_logs_at_its_own_level_and_rank():
+    # Rank 0 at ERROR, opened first; rank 1 at INFO, opened second. Before: the second
+    # endpoint's constructor set the process-wide level and rank, so rank 0's engine logged
+    # its INFO lines too, all labelled rank 1.
+    code = f"""
+        import time
+        from jax_r2ccl import _core
+        quiet, loud = _core.Config(), _core.Config()
+        quiet.debug_level, loud.debug_level = 0, 2
+        a = _core.Endpoint(quiet, 0, 2, ["127.0.0.1"], {SECRET})
+        b = _core.Endpoint(loud, 1, 2, ["127.0.0.1"], {SECRET})
+        a.add_peer(1, b.addresses)
+        b.add_peer(0, a.addresses)
+        a.wait_ready([1], 20.0)
+        b.wait_ready([0], 20.0)
+        time.sleep(0.2)
+        a.close()
+        b.close()
+    """
+    r = run_child(code)
+    assert r.returncode == 0, explain(r)
+    lines = [ln for ln in r.stderr.splitlines() if ln.startswith("[r2ccl")]
+    assert any(ln.startswith("[r2ccl 1 ") and " INFO] " in ln and "to rank 0" in ln for ln in lines), explain(r)
+    leaked = [ln for ln in lines if "to rank 1" in ln and (" INFO] " in ln or " WARN] " in ln)]
+    assert not leaked, "rank 0 (ERROR) logged below its level:\n" + "\n".join(leaked)
+    assert not any(ln.startswith("[r2ccl 1 ") and "to rank 1" in ln for ln in lines), explain(r)

@@ -13,14 +13,31 @@ namespace r2ccl {
 
 static std::atomic<int> g_level{1};
 static std::atomic<int> g_rank{-1};
+static std::atomic<bool> g_claimed{false};
+// A thread that works for one endpoint (its engine, executor or monitor) logs at that
+// endpoint's level and with its rank, whatever other endpoints in the process chose.
+static thread_local int t_level = -1;
+static thread_local int t_rank = -1;
 
 void log_set_level(int level) { g_level.store(level); }
 void log_set_rank(int rank) { g_rank.store(rank); }
-bool log_enabled(LogLevel level) { return static_cast<int>(level) <= g_level.load(std::memory_order_relaxed); }
+void log_set_process_default(int level, int rank) {
+  if (g_claimed.exchange(true)) return;
+  g_level.store(level);
+  g_rank.store(rank);
+}
+void log_bind_thread(int level, int rank) {
+  t_level = level;
+  t_rank = rank;
+}
+bool log_enabled(LogLevel level) {
+  const int lim = t_level >= 0 ? t_level : g_level.load(std::memory_order_relaxed);
+  return static_cast<int>(level) <= lim;
+}
 
 void log_write(LogLevel level, const char* fmt, ...) {
   char buf[1024];
-  int n = std::snprintf(buf, sizeof buf, "[r2ccl %d %.3f %s] ", g_rank.load(), unix_time_s(),
+  int n = std::snprintf(buf, sizeof buf, "[r2ccl %d %.3f %s] ", t_level >= 0 ? t_rank : g_rank.load(), unix_time_s(),
                         kLogLevelNames[static_cast<int>(level)]);
   va_list ap;
   va_start(ap, fmt);

@@ -13,8 +13,13 @@ enum class LogLevel { kError = 0, kWarn = 1, kInfo = 2, kTrace = 3 };
 inline constexpr const char* kLogLevelNames[] = {"ERROR", "WARN", "INFO", "TRACE"};
 static_assert(std::size(kLogLevelNames) == static_cast<size_t>(LogLevel::kTrace) + 1, "a LogLevel without a name");
 
+// The process-wide level and rank, for threads that belong to no endpoint.
 void log_set_level(int level);
 void log_set_rank(int rank);
+// Sets them from the first endpoint opened in the process only; later endpoints leave them.
+void log_set_process_default(int level, int rank);
+// The calling thread logs at `level` with `rank` from now on (an endpoint's own threads).
+void log_bind_thread(int level, int rank);
 bool log_enabled(LogLevel level);
 void log_write(LogLevel level, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
 

@@ -178,7 +178,11 @@ class Executor::Op {
   }
 
   int64_t deadline_ns() const { return deadline_ns_; }
-  void abort(const Error& e) { finish(&e); }
+  // Any thread; serialised with the engine thread's inline completion, so an op finishes once.
+  void abort(const Error& e) {
+    std::lock_guard<std::mutex> g(step_mu_);
+    finish(&e);
+  }
 
  private:
   struct Msg {
@@ -600,10 +604,14 @@ class Executor::Op {
 };
 
 Executor::Executor(Endpoint& ep, int my_process, CollectiveOptions opt)
-    : ep_(ep), my_process_(my_process), opt_(opt) {
+    : ep_(ep), my_process_(my_process), opt_(opt), waker_(std::make_shared<Waker>()) {
+  waker_->ex = this;
   if (!parse_plan(ep.config().plan, &opt_.plan))
     throw Error(Cause::kInvalidArgument, -1, "R2CCL_PLAN=" + ep.config().plan + " is not a plan");
-  thread_ = std::thread([this] { loop(); });
+  thread_ = std::thread([this] {
+    log_bind_thread(ep_.config().debug_level, ep_.rank());
+    loop();
+  });
 }
 
 Executor::~Executor() { close(); }
@@ -616,6 +624,8 @@ void Executor::close() {
   }
   cv_.notify_all();
   if (thread_.joinable()) thread_.join();
+  std::lock_guard<std::mutex> g(waker_->mu);   // waits for a callback in progress
+  waker_->ex = nullptr;
 }
 
 void Executor::submit(ProcessCall call) {
@@ -627,14 +637,17 @@ void Executor::submit(ProcessCall call) {
   }
   auto op = std::make_shared<Op>(this, ep_, std::move(call), my_process_, opt_);
   std::weak_ptr<Op> weak = op;
-  op->set_wake([this, weak] {
+  op->set_wake([waker = waker_, weak] {
+    std::lock_guard<std::mutex> w(waker->mu);
+    Executor* ex = waker->ex;
+    if (!ex) return;   // closed: nothing waits for this completion any more
     if (auto o = weak.lock())
       if (o->try_complete_inline()) return;
     {
-      std::lock_guard<std::mutex> g(mu_);
-      wake_ = true;
+      std::lock_guard<std::mutex> g(ex->mu_);
+      ex->wake_ = true;
     }
-    cv_.notify_one();
+    ex->cv_.notify_one();
   });
   {
     std::lock_guard<std::mutex> g(mu_);

@@ -111,6 +111,14 @@ class Executor {
   std::condition_variable cv_;
   bool wake_ = false;
   bool stop_ = false;
+  // What a request's completion callback reaches the executor through: it may outlive the
+  // executor (a signature send left in flight after a mismatch), so it holds no raw pointer
+  // that close() has not cleared first.
+  struct Waker {
+    std::mutex mu;
+    Executor* ex = nullptr;
+  };
+  std::shared_ptr<Waker> waker_;
   std::deque<std::shared_ptr<Op>> incoming_;
   std::thread thread_;
   std::mutex plan_mu_;

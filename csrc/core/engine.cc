@@ -45,8 +45,7 @@ Engine::Engine(const Config& cfg, int rank, int world, const std::vector<std::st
   if (nics.empty()) throw Error(Cause::kInvalidArgument, -1, "no NICs given (set R2CCL_NICS)");
   if (secret.size() < 16)
     throw Error(Cause::kInvalidArgument, -1, "the job secret must be at least 16 bytes");
-  log_set_level(cfg.debug_level);
-  log_set_rank(rank);
+  log_set_process_default(cfg.debug_level, rank);
   for (auto& n : nics) nics_.push_back(resolve_nic(n));
   nic_down_.assign(nics_.size(), false);
   nic_down_why_.assign(nics_.size(), std::string());
@@ -74,7 +73,10 @@ Engine::Engine(const Config& cfg, int rank, int world, const std::vector<std::st
     listener_polls_.push_back(std::move(p));
     addresses_.push_back(listeners_.back()->local_addr().str());
   }
-  thread_ = std::thread([this] { run(); });
+  thread_ = std::thread([this] {
+    log_bind_thread(cfg_.debug_level, rank_);
+    run();
+  });
 }
 
 Engine::~Engine() {

@@ -124,7 +124,10 @@ Monitor::Monitor(Endpoint& ep, const Config& cfg) : ep_(ep), cfg_(cfg) {
   poll_ib();
   // The baseline of every rail's counters: what happens from here on is reported.
   sample(mono_ns());
-  thread_ = std::thread([this] { run(); });
+  thread_ = std::thread([this] {
+    log_bind_thread(ep_.config().debug_level, ep_.rank());
+    run();
+  });
 }
 
 Monitor::~Monitor() { close(); }

@@ -63,8 +63,23 @@ class HostCollectives:
             raise R2cclError("every local input must have the same dtype and size")
         count = int(inputs[0].size)
         n = len(process_of_rank)
+        want = output_count(kind, count, n)
         if outputs is None:
-            outputs = [np.empty(output_count(kind, count, n), dtype) for _ in inputs]
+            outputs = [np.empty(want, dtype) for _ in inputs]
+        else:
+            outputs = list(outputs)
+            if len(outputs) != len(inputs):
+                raise R2cclError(f"{len(outputs)} output buffers for {len(inputs)} local ranks")
+            for i, o in enumerate(outputs):
+                # The core writes the buffer itself: a strided or read-only view would have the
+                # result land in a temporary copy and the caller's array stay unchanged.
+                if not isinstance(o, np.ndarray) or not o.flags.c_contiguous or not o.flags.writeable:
+                    raise R2cclError(f"output {i} must be a writable C-contiguous numpy array (got "
+                                     f"{type(o).__name__}{'' if not isinstance(o, np.ndarray) else ', strides ' + str(o.strides) + (', read-only' if not o.flags.writeable else '')}); "
+                                     "pass np.ascontiguousarray(...) or let run() allocate the outputs")
+                if o.dtype != dtype or o.size != want:
+                    raise R2cclError(f"output {i} is {o.size} x {o.dtype.name}; this {kind} of {count} "
+                                     f"x {dtype.name} on {n} ranks writes {want} x {dtype.name}")
         flat_in = [a.reshape(-1).view(np.uint8) for a in inputs]
         flat_out = [o.reshape(-1).view(np.uint8) for o in outputs]
         self._ex.run(kind, dtype.name, op, int(root), self._tag(), list(map(int, process_of_rank)),
