@@ -224,3 +224,42 @@ def test_each_endpoint_logs_at_its_own_level_and_rank():
     leaked = [ln for ln in lines if "to rank 1" in ln and (" INFO] " in ln or " WARN] " in ln)]
     assert not leaked, "rank 0 (ERROR) logged below its level:\n" + "\n".join(leaked)
     assert not any(ln.startswith("[r2ccl 1 ") and "to rank 1" in ln for ln in lines), explain(r)
+
+
+def test_an_unexpected_message_is_staged_as_its_bytes_arrive_not_as_announced():
+    # Rank 1 sends 256 MiB at 2 MB/s before rank 0 posts its receive. Before: the first
+    # chunk's header (msg_len 256 MiB) made rank 0 allocate and zero-fill 256 MiB at once.
+    # Now staging follows the bytes that arrived. Then the receive is posted, the cap lifted,
+    # and the message must arrive bit-exact.
+    code = f"""
+        import time
+        import numpy as np
+        from jax_r2ccl import _core
+        cfg = _core.Config()
+        a = _core.Endpoint(cfg, 0, 2, ["127.0.0.1"], {SECRET})
+        b = _core.Endpoint(cfg, 1, 2, ["127.0.0.1"], {SECRET})
+        a.add_peer(1, b.addresses)
+        b.add_peer(0, a.addresses)
+        a.wait_ready([1], 20.0)
+        b.wait_ready([0], 20.0)
+        b.inject(0, 0, "rate", 2e6)
+        n = 64 << 20
+        want = (np.arange(n, dtype=np.uint32) * np.uint32(2246822519)) ^ np.uint32(0x5bd1e995)
+        s = b.isend(0, want.view(np.uint8), 11, want)
+        time.sleep(0.8)
+        staged = a.staged_bytes()
+        print("STAGED", staged)
+        assert 0 < staged <= 8 << 20, staged
+        got = np.zeros(n, dtype=np.uint32)
+        r = a.irecv(1, got.view(np.uint8), 11, got)
+        b.inject(0, 0, "heal")
+        r.wait(60.0)
+        s.wait(60.0)
+        assert np.array_equal(got, want), int(np.count_nonzero(got != want))
+        assert a.staged_bytes() == 0
+        a.close()
+        b.close()
+        print("OK")
+    """
+    r = run_child(code, timeout=120)
+    assert r.returncode == 0 and "OK" in r.stdout, explain(r)

@@ -54,9 +54,10 @@ struct RxFrame {
   bool in_payload = false;
   uint8_t* dest = nullptr;
   bool scratch = false;            // payload is read and dropped (duplicate or abandoned message)
+  std::vector<uint8_t>* grow = nullptr;   // staging that grows as the payload arrives (unexpected message)
   size_t got = 0;
   std::vector<uint8_t> ctrl;       // payload of control frames
-  void reset() { hdr_got = 0; in_payload = false; dest = nullptr; scratch = false; got = 0; }
+  void reset() { hdr_got = 0; in_payload = false; dest = nullptr; scratch = false; grow = nullptr; got = 0; }
 };
 
 struct Channel;
@@ -122,7 +123,16 @@ struct InMsg {
   uint64_t len = 0;
   uint64_t received = 0;
   std::shared_ptr<Request> req;    // the matching receive, once posted
-  std::vector<uint8_t> staging;    // bytes that arrived before their receive was posted
+  // A message that began before its receive was posted lands chunk by chunk here (offset ->
+  // payload) until whole, then is copied once into the receive. Each chunk's storage grows
+  // with the bytes that actually arrive (RxFrame::grow), never by what a header announces.
+  bool staged = false;
+  std::map<uint64_t, std::vector<uint8_t>> chunks;
+  uint64_t staged_bytes() const {
+    uint64_t n = 0;
+    for (auto& [off, v] : chunks) n += v.size();
+    return n;
+  }
   bool discard = false;            // matched receive failed or was cancelled: drop bytes
   bool aborted = false;            // the sender cancelled it
   bool complete = false;

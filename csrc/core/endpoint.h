@@ -97,6 +97,8 @@ class Endpoint {
   std::vector<NicInfo> nics() const;
   // Peers added so far.
   std::vector<int> peers();
+  // Bytes held for messages that arrived before their receive was posted.
+  uint64_t staged_bytes();
 
   // Says goodbye to every peer and stops the engine. Pending requests fail with kClosed.
   void close();

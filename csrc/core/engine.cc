@@ -664,6 +664,15 @@ std::vector<int> Engine::peer_list() {
   return out;
 }
 
+uint64_t Engine::staged_bytes() {
+  uint64_t n = 0;
+  call([&] {
+    for (auto& [peer, ch] : channels_)
+      for (auto& [id, m] : ch->inmsgs) n += m.staged_bytes();
+  });
+  return n;
+}
+
 void Engine::set_weight(int peer, int rail, double w) {
   if (!(w >= 0) || !std::isfinite(w)) throw Error(Cause::kInvalidArgument, peer, "rail weight must be finite and >= 0");
   call([&] {
@@ -760,6 +769,7 @@ void Endpoint::set_rail_weight(int peer, int rail, double w) { engine_->set_weig
 void Endpoint::set_nic_state(int nic, bool up, const std::string& why) { engine_->set_nic_state(nic, up, why); }
 std::vector<NicInfo> Endpoint::nics() const { return engine_->nic_list(); }
 std::vector<int> Endpoint::peers() { return engine_->peer_list(); }
+uint64_t Endpoint::staged_bytes() { return engine_->staged_bytes(); }
 void Endpoint::close() { engine_->shutdown(); }
 void Endpoint::testing_block_engine(double seconds) { engine_->testing_block(seconds); }
 void Endpoint::testing_set_call_timeout(double seconds) {

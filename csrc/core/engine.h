@@ -70,6 +70,7 @@ class Engine {
   void set_nic_state(int nic, bool up, const std::string& why);
   std::vector<NicInfo> nic_list() const;
   std::vector<int> peer_list();
+  uint64_t staged_bytes();
   void shutdown();
 
  private:

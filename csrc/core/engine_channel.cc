@@ -204,8 +204,8 @@ void Engine::post_recv(Channel& ch, const std::shared_ptr<Request>& req) {
   if (m.len != req->len) {
     req->finish_error(Cause::kMismatch, size_mismatch(ch.peer, m.len, req->tag, req->len));
     m.discard = true;
-    m.staging.clear();
-    m.staging.shrink_to_fit();
+    redirect_to_scratch(ch, msg_id);
+    m.chunks.clear();
     if (m.complete) ch.inmsgs.erase(msg_id);
     return;
   }
@@ -228,8 +228,8 @@ void Engine::cancel(const std::shared_ptr<Request>& req, Cause cause, const std:
             if (m.req == req) {
               m.req.reset();
               m.discard = true;
-              m.staging.clear();
               redirect_to_scratch(ch, id);
+              m.chunks.clear();
             }
         } else {
           // Frames being written keep their bytes (copied); unsent chunks become cancel marks

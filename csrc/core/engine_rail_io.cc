@@ -154,8 +154,24 @@ void Engine::rail_readable(Channel& ch, Rail& r) {
     // payload
     while (rx.got < rx.h.payload_len) {
       size_t want = rx.h.payload_len - rx.got;
-      uint8_t* dst = rx.scratch ? scratch_.data() : rx.dest + rx.got;
-      if (rx.scratch) want = std::min(want, scratch_.size());
+      uint8_t* dst;
+      if (rx.scratch) {
+        dst = scratch_.data();
+        want = std::min(want, scratch_.size());
+      } else if (rx.grow) {
+        // Staging grows by at most one step ahead of the bytes read.
+        want = std::min(want, scratch_.size());
+        try {
+          if (rx.grow->size() < rx.got + want) rx.grow->resize(rx.got + want);
+        } catch (const std::bad_alloc&) {
+          kill_channel(ch, Cause::kSystem, "out of memory staging a message from rank " + std::to_string(ch.peer) +
+                                               " that arrived before its receive was posted");
+          return;
+        }
+        dst = rx.grow->data() + rx.got;
+      } else {
+        dst = rx.dest + rx.got;
+      }
       IoResult res = r.conn->read(dst, want);
       if (res.kind == IoResult::kWouldBlock) goto out;
       if (res.kind != IoResult::kOk) {
@@ -287,15 +303,7 @@ InMsg* Engine::open_inmsg(Channel& ch, const FrameHeader& h) {
       m.req = req;
     }
   } else {
-    if (!m.aborted) {
-      try {
-        m.staging.resize(h.msg_len);
-      } catch (const std::bad_alloc&) {
-        kill_channel(ch, Cause::kSystem, "out of memory staging a " + std::to_string(h.msg_len) +
-                                             "-byte message from rank " + std::to_string(ch.peer));
-        return nullptr;
-      }
-    }
+    m.staged = !m.aborted;
     ch.unexpected[key] = h.msg_id;
   }
   return &ch.inmsgs.emplace(h.msg_id, std::move(m)).first->second;
@@ -317,15 +325,24 @@ void Engine::rail_data_header(Channel& ch, Rail& r) {
   rx.scratch = false;
   // A message that began unexpected keeps landing in staging until whole (chunks already
   // there are copied once at completion); one whose receive came first lands in place.
-  rx.dest = (m->staging.empty() ? m->req->buf : m->staging.data()) + h.offset;
+  if (m->staged) {
+    auto& v = m->chunks[h.offset];
+    v.clear();
+    rx.grow = &v;
+    rx.dest = nullptr;
+  } else {
+    rx.dest = m->req->buf + h.offset;
+  }
 }
 
 void Engine::rail_data_done(Channel& ch, Rail& r) {
   RxFrame& rx = r.rx;
   const FrameHeader& h = rx.h;
   bool was_applied = ch.seq_applied(h.seq);
+  if (rx.grow) rx.grow->resize(h.payload_len);   // (reads may have left it one step ahead)
+  const uint8_t* payload = rx.grow ? rx.grow->data() : rx.dest;
   if (!was_applied && !rx.scratch && (h.flags & kFlagPayloadCrc) &&
-      crc32c(rx.dest, h.payload_len) != h.payload_crc) {
+      crc32c(payload, h.payload_len) != h.payload_crc) {
     fail_rail(ch, r, "payload CRC32C mismatch", false);
     return;
   }
@@ -364,7 +381,9 @@ void Engine::finish_inmsg(Channel& ch, uint64_t msg_id) {
     return;
   }
   if (!m.req) return;   // unexpected: waits for its receive
-  if (!m.staging.empty() && m.req->len) std::memcpy(m.req->buf, m.staging.data(), m.len);
+  if (m.staged && m.req->len == m.len)
+    for (auto& [off, v] : m.chunks)
+      if (!v.empty()) std::memcpy(m.req->buf + off, v.data(), v.size());   // inside: decode_header checked
   if (m.req->len != m.len)
     m.req->finish_error(Cause::kMismatch, size_mismatch(ch.peer, m.len, m.tag, m.req->len));
   else
@@ -377,7 +396,10 @@ void Engine::finish_inmsg(Channel& ch, uint64_t msg_id) {
 // its buffer any more (the caller may already be reusing it).
 void Engine::redirect_to_scratch(Channel& ch, uint64_t msg_id) {
   for (auto& o : ch.rails)
-    if (o->rx.in_payload && o->rx.h.type == FrameType::kData && o->rx.h.msg_id == msg_id) o->rx.scratch = true;
+    if (o->rx.in_payload && o->rx.h.type == FrameType::kData && o->rx.h.msg_id == msg_id) {
+      o->rx.scratch = true;
+      o->rx.grow = nullptr;   // its staging is about to go
+    }
 }
 
 void Engine::flush_acks(Channel& ch, Rail& r) {

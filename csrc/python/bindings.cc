@@ -283,6 +283,12 @@ NB_MODULE(_core, m) {
             }
             reap_orphans();   // a closed engine has finished every request
           })
+      .def("staged_bytes",
+           [](Endpoint& ep) {
+             nb::gil_scoped_release nogil;
+             return ep.staged_bytes();
+           },
+           "Bytes held for messages that arrived before their receive was posted.")
       .def("testing_block_engine", &Endpoint::testing_block_engine, nb::arg("seconds"))
       .def("testing_set_call_timeout", &Endpoint::testing_set_call_timeout, nb::arg("seconds"))
       .def("testing_call_from_engine_thread", [](Endpoint& ep) {
