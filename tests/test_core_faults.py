@@ -263,3 +263,35 @@ def test_an_unexpected_message_is_staged_as_its_bytes_arrive_not_as_announced():
     """
     r = run_child(code, timeout=120)
     assert r.returncode == 0 and "OK" in r.stdout, explain(r)
+
+
+def test_rail_failures_carry_a_reason_code():
+    # Failure handling used to classify its own messages by matching their text; the reason
+    # is now an enum, reported as rail_stats()['last_reason'].
+    code = f"""
+        import time
+        from jax_r2ccl import _core
+        cfg = _core.Config()
+        cfg.reprobe_ms = 50
+        a = _core.Endpoint(cfg, 0, 2, ["127.0.0.1", "127.0.0.1"], {SECRET})
+        b = _core.Endpoint(cfg, 1, 2, ["127.0.0.1", "127.0.0.1"], {SECRET})
+        a.add_peer(1, b.addresses)
+        b.add_peer(0, a.addresses)
+        a.wait_ready([1], 20.0)
+        b.wait_ready([0], 20.0)
+        assert [s["last_reason"] for s in a.rail_stats(1)] == ["", ""]
+        b.inject(0, 1, "close")
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 5 and (b.rail_stats(0)[1]["last_reason"] != "injected"
+                                             or a.rail_stats(1)[1]["last_reason"] != "closed_by_peer"):
+            time.sleep(0.01)
+        print([s["last_reason"] for s in b.rail_stats(0)], [s["last_reason"] for s in a.rail_stats(1)])
+        assert b.rail_stats(0)[1]["last_reason"] == "injected"
+        assert a.rail_stats(1)[1]["last_reason"] == "closed_by_peer"
+        assert a.rail_stats(1)[0]["last_reason"] == ""
+        a.close()
+        b.close()
+        print("OK")
+    """
+    r = run_child(code)
+    assert r.returncode == 0 and "OK" in r.stdout, explain(r)

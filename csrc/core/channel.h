@@ -26,6 +26,25 @@ namespace r2ccl {
 enum class RailState { kConnecting, kHandshake, kUp, kDown };
 const char* rail_state_name(RailState s);
 
+// Why a rail failed: decides what follows (a broken protocol counts against the peer, a
+// connection the peer closed may mean the peer is gone) and is reported in rail_stats.
+enum class FailReason {
+  kIo,            // a send or receive failed
+  kClosedByPeer,  // EOF or reset from the other end
+  kProtocol,      // a frame broke the wire protocol
+  kChecksum,      // a payload's CRC32C did not match
+  kStalled,       // acks stopped beyond the rail's drain time while siblings progress
+  kSilent,        // nothing received for R2CCL_HEARTBEAT_MISSES heartbeat periods
+  kInjected,      // fault injection
+  kLinkDown,      // this side's NIC is down (health monitor or set_nic_state)
+  kPeerLinkDown,  // the peer reports its end's link down
+  kReplaced,      // the peer dialled a new connection for this rail
+};
+inline constexpr const char* kFailReasonNames[] = {"io",       "closed_by_peer", "protocol",       "checksum", "stalled",
+                                                   "silent",   "injected",       "link_down",      "peer_link_down",
+                                                   "replaced"};
+inline const char* fail_reason_name(FailReason r) { return kFailReasonNames[static_cast<int>(r)]; }
+
 // What the engine's epoll reports: which object an fd belongs to.
 struct Pollable {
   enum Kind { kWake, kListener, kPending, kRail } kind;
@@ -102,6 +121,7 @@ struct Rail {
   uint64_t tx_bytes = 0, rx_bytes = 0, tx_chunks = 0, rx_chunks = 0, acked_bytes = 0;
   uint64_t retransmitted = 0, failures = 0, recoveries = 0, stalls = 0;
   std::string last_error;
+  const char* last_reason = "";    // fail_reason_name of its last failure
   double changed_unix_s = 0;
 };
 

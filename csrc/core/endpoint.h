@@ -35,6 +35,8 @@ struct RailStats {
   bool link_down = false;                    // its local NIC is held down (set_nic_state)
   std::string fault;            // injected fault: "", "close", "stall", "rate"
   std::string last_error;
+  std::string last_reason;      // why it last failed: io, closed_by_peer, protocol, checksum, stalled, silent,
+                                // injected, link_down, peer_link_down, replaced ("" if never)
   double last_change_unix_s = 0;
 };
 

@@ -422,16 +422,14 @@ void Engine::tick(int64_t now) {
               r.inflight > 0 ? r.pace.drain_ns(r.inflight, nic_drain_ns_[static_cast<size_t>(r.local_nic)]) : 0;
           if (r.inflight > 0 && now - r.progress_ns > stall + drain && sibling_alive) {
             r.stalls++;
-            fail_rail(ch, r,
+            fail_rail(ch, r, FailReason::kStalled,
                       "stalled: " + std::to_string(r.inflight) + " bytes unacknowledged for " +
                           std::to_string((now - r.progress_ns) / kMs) + " ms (its measured drain time: " +
-                          std::to_string(drain / kMs) + " ms) while other rails progress",
-                      false);
+                          std::to_string(drain / kMs) + " ms) while other rails progress");
           } else if (now - r.last_rx_ns > hb * cfg_.heartbeat_misses) {
-            fail_rail(ch, r,
+            fail_rail(ch, r, FailReason::kSilent,
                       "silent for " + std::to_string((now - r.last_rx_ns) / kMs) + " ms (" +
-                          std::to_string(cfg_.heartbeat_misses) + " heartbeats missed)",
-                      false);
+                          std::to_string(cfg_.heartbeat_misses) + " heartbeats missed)");
           } else if (now - r.last_tx_ns >= hb && !r.cur.active && r.ctrl.empty() && r.fault != Fault::kStall) {
             std::vector<uint8_t> body(kHeartbeatBytes, 0);
             store_le64(body.data(), static_cast<uint64_t>(now));
@@ -576,6 +574,7 @@ std::vector<RailStats> Engine::stats(int peer) {
       s.link_down = nic_down_[static_cast<size_t>(r.local_nic)];
       s.fault = fault_name(r.fault);
       s.last_error = r.last_error;
+      s.last_reason = r.last_reason;
       s.last_change_unix_s = r.changed_unix_s;
       out.push_back(std::move(s));
     }
@@ -600,7 +599,7 @@ void Engine::inject(int peer, int rail, Fault fault, double rate) {
     r.tokens_ns = now_ns();
     r.next_tx_ns = 0;
     if (fault == Fault::kClose && r.state != RailState::kDown)
-      fail_rail(ch, r, "closed by injected fault", false);
+      fail_rail(ch, r, FailReason::kInjected, "closed by injected fault");
     if (r.conn) set_interest(r);
     if (fault == Fault::kNone) {
       r.next_attempt_ns = 0;
@@ -640,7 +639,7 @@ void Engine::set_nic_state(int nic, bool up, const std::string& why) {
             break;
           }
         if (!up) {
-          if (r.state != RailState::kDown) fail_rail(ch, r, "link down: " + why, false);
+          if (r.state != RailState::kDown) fail_rail(ch, r, FailReason::kLinkDown, "link down: " + why);
         } else if (r.state == RailState::kDown) {
           r.next_attempt_ns = 0;   // re-dial now (the dialling side) or on the peer's notice
           if (ch.connector && r.fault != Fault::kClose && r.fault != Fault::kStall) start_connect(ch, r);

@@ -85,14 +85,15 @@ class Engine {
   void accept_all(int nic);
   void pending_read(Pending& p);
   void pending_hello(Pending& p);
-  void pending_reject(Pending& p, const std::string& why);
+  // quiet: logged at INFO (a probe or port check that closes without a word; our own fault injection)
+  void pending_reject(Pending& p, const std::string& why, bool quiet = false);
   void admit(Pending& p);
 
   // rails
   void start_connect(Channel& ch, Rail& r);
   void attempt_failed(Channel& ch, Rail& r, const std::string& why, bool refused);
   void rail_up(Channel& ch, Rail& r);
-  void fail_rail(Channel& ch, Rail& r, const std::string& why, bool by_peer);
+  void fail_rail(Channel& ch, Rail& r, FailReason reason, const std::string& why);
   void rail_readable(Channel& ch, Rail& r);
   void rail_writable(Channel& ch, Rail& r);
   bool rail_flush(Channel& ch, Rail& r);     // false: the rail failed

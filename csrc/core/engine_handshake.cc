@@ -42,10 +42,8 @@ void Engine::accept_all(int nic) {
   }
 }
 
-void Engine::pending_reject(Pending& p, const std::string& why) {
-  // A dial that closes without a byte (a liveness probe, a port check) is not an intruder.
-  bool silent = (p.stage == 0 && p.rx.hdr_got == 0 && why.rfind("closed", 0) == 0) ||
-                why.find("injected fault") != std::string::npos;
+void Engine::pending_reject(Pending& p, const std::string& why, bool quiet) {
+  const bool silent = quiet;
   R2_LOG(silent ? LogLevel::kInfo : LogLevel::kWarn, "rejected connection %s on NIC %s: %s", p.desc.c_str(),
          nics_[p.nic].name.c_str(), why.c_str());
   epoll_del(p.conn->fd());
@@ -59,8 +57,11 @@ void Engine::pending_read(Pending& p) {
     IoResult res = read_header(*p.conn, p.rx);
     if (res.kind == IoResult::kWouldBlock) return;
     if (res.kind != IoResult::kOk) {
+      // A dial that closes without a byte (a liveness probe, a port check) is not an intruder.
+      const bool quiet = res.kind == IoResult::kEof && p.stage == 0 && p.rx.hdr_got == 0;
       pending_reject(p, res.kind == IoResult::kEof ? "closed before the handshake finished"
-                                                   : std::string("read error: ") + std::strerror(res.err));
+                                                   : std::string("read error: ") + std::strerror(res.err),
+                     quiet);
       return;
     }
     if (!p.rx.in_payload) {
@@ -115,7 +116,7 @@ void Engine::pending_hello(Pending& p) {
   Rail& r = *ch.rails[h.rail];
   if (r.local_nic != p.nic) return pending_reject(p, "rail " + std::to_string(h.rail) + " arrived on the wrong NIC");
   if (r.fault == Fault::kClose || r.fault == Fault::kStall)
-    return pending_reject(p, "rail " + std::to_string(h.rail) + " is held down by an injected fault");
+    return pending_reject(p, "rail " + std::to_string(h.rail) + " is held down by an injected fault", true);
   epoll_mod(p.conn->fd(), &p.poll, EPOLLIN);
   random_bytes(p.nonce.data(), kNonceBytes);
   auto mac = handshake_mac(secret_, kAcceptorLabel, p.hello, p.nonce.data());
@@ -141,7 +142,7 @@ void Engine::admit(Pending& p) {
   iovec iov[1] = {{f.hdr, kHeaderBytes}};
   IoResult res = p.conn->writev(iov, 1);
   if (res.kind != IoResult::kOk || res.bytes != kHeaderBytes) return pending_reject(p, "could not send welcome");
-  if (r.state != RailState::kDown) fail_rail(ch, r, "replaced by a new connection from the peer", false);
+  if (r.state != RailState::kDown) fail_rail(ch, r, FailReason::kReplaced, "replaced by a new connection from the peer");
   r.conn = std::move(p.conn);
   r.epoch = p.hb.epoch;
   r.events = EPOLLIN;
@@ -218,11 +219,13 @@ void Engine::rail_up(Channel& ch, Rail& r) {
   pump(ch);
 }
 
-void Engine::fail_rail(Channel& ch, Rail& r, const std::string& why, bool by_peer) {
+void Engine::fail_rail(Channel& ch, Rail& r, FailReason reason, const std::string& why) {
   if (r.state == RailState::kDown) return;
+  const bool by_peer = reason == FailReason::kClosedByPeer;
+  r.last_reason = fail_reason_name(reason);
   // A frame that breaks the protocol would be re-sent on the next rail and break it too:
   // after a few, the peer is not to be trusted and the channel ends with a clear error.
-  if (why.rfind("protocol error", 0) == 0 || why.find("CRC32C") != std::string::npos) {
+  if (reason == FailReason::kProtocol || reason == FailReason::kChecksum) {
     if (++ch.protocol_errors >= 8) {
       kill_channel(ch, Cause::kProtocol, "rank " + std::to_string(ch.peer) + " keeps violating the wire protocol (" +
                                              std::to_string(ch.protocol_errors) + " times); last: " + why);

@@ -66,7 +66,8 @@ bool Engine::rail_flush(Channel& ch, Rail& r) {
     }
     if (res.kind != IoResult::kOk) {
       bool by_peer = res.err == EPIPE || res.err == ECONNRESET;
-      fail_rail(ch, r, std::string("send failed: ") + std::strerror(res.err), by_peer);
+      fail_rail(ch, r, by_peer ? FailReason::kClosedByPeer : FailReason::kIo,
+                std::string("send failed: ") + std::strerror(res.err));
       return false;
     }
     r.cur.done += res.bytes;
@@ -127,21 +128,21 @@ void Engine::rail_readable(Channel& ch, Rail& r) {
       if (res.kind == IoResult::kWouldBlock) break;
       if (res.kind != IoResult::kOk) {
         bool eof = res.kind == IoResult::kEof;
-        fail_rail(ch, r, eof ? "connection closed by the peer" : std::string("receive failed: ") + std::strerror(res.err),
-                  eof || res.err == ECONNRESET);
+        fail_rail(ch, r, eof || res.err == ECONNRESET ? FailReason::kClosedByPeer : FailReason::kIo,
+                  eof ? "connection closed by the peer" : std::string("receive failed: ") + std::strerror(res.err));
         return;
       }
       r.last_rx_ns = now_ns();
       std::string bad = decode_header(rx.hdr, limits_, &rx.h);
       if (!bad.empty()) {
-        fail_rail(ch, r, "protocol error: " + bad, false);
+        fail_rail(ch, r, FailReason::kProtocol, "protocol error: " + bad);
         return;
       }
       rx.in_payload = true;
       rx.got = 0;
       if (rx.h.type == FrameType::kData) {
         if (r.state != RailState::kUp) {
-          fail_rail(ch, r, "protocol error: data before the handshake finished", false);
+          fail_rail(ch, r, FailReason::kProtocol, "protocol error: data before the handshake finished");
           return;
         }
         rail_data_header(ch, r);
@@ -176,8 +177,8 @@ void Engine::rail_readable(Channel& ch, Rail& r) {
       if (res.kind == IoResult::kWouldBlock) goto out;
       if (res.kind != IoResult::kOk) {
         bool eof = res.kind == IoResult::kEof;
-        fail_rail(ch, r, eof ? "connection closed by the peer" : std::string("receive failed: ") + std::strerror(res.err),
-                  eof || res.err == ECONNRESET);
+        fail_rail(ch, r, eof || res.err == ECONNRESET ? FailReason::kClosedByPeer : FailReason::kIo,
+                  eof ? "connection closed by the peer" : std::string("receive failed: ") + std::strerror(res.err));
         return;
       }
       rx.got += res.bytes;
@@ -227,7 +228,7 @@ void Engine::rail_control(Channel& ch, Rail& r) {
         uint64_t a = load_le64(body.data() + i * kAckRangeBytes);
         uint64_t b = load_le64(body.data() + i * kAckRangeBytes + 8);
         if (a >= b || b > ch.next_seq) {
-          fail_rail(ch, r, "protocol error: ack range outside what was sent", false);
+          fail_rail(ch, r, FailReason::kProtocol, "protocol error: ack range outside what was sent");
           return;
         }
         on_ack(ch, r, a, b);
@@ -255,13 +256,14 @@ void Engine::rail_control(Channel& ch, Rail& r) {
       uint32_t idx = load_le32(body.data());
       bool up = load_le32(body.data() + 4) != 0;
       if (idx >= ch.rails.size()) {
-        fail_rail(ch, r, "protocol error: rail state for rail " + std::to_string(idx) + " that does not exist", false);
+        fail_rail(ch, r, FailReason::kProtocol,
+                  "protocol error: rail state for rail " + std::to_string(idx) + " that does not exist");
         return;
       }
       Rail& t = *ch.rails[idx];
       if (!up) {
         if (&t != &r && t.state != RailState::kDown)
-          fail_rail(ch, t, "rank " + std::to_string(ch.peer) + " reports its link down", false);
+          fail_rail(ch, t, FailReason::kPeerLinkDown, "rank " + std::to_string(ch.peer) + " reports its link down");
       } else if (t.state == RailState::kDown) {
         t.next_attempt_ns = 0;
         if (ch.connector && t.fault != Fault::kClose && t.fault != Fault::kStall &&
@@ -275,7 +277,7 @@ void Engine::rail_control(Channel& ch, Rail& r) {
       ch.bye_received = true;
       return;
     default:
-      fail_rail(ch, r, "protocol error: handshake frame on an established rail", false);
+      fail_rail(ch, r, FailReason::kProtocol, "protocol error: handshake frame on an established rail");
       return;
   }
 }
@@ -318,7 +320,7 @@ void Engine::rail_data_header(Channel& ch, Rail& r) {
   InMsg* m = open_inmsg(ch, h);
   if (!m) return;
   if (m->tag != h.tag || m->tag_seq != h.tag_seq || m->len != h.msg_len) {
-    fail_rail(ch, r, "protocol error: chunk disagrees with its message", false);
+    fail_rail(ch, r, FailReason::kProtocol, "protocol error: chunk disagrees with its message");
     return;
   }
   if (m->discard || m->aborted) return;
@@ -343,11 +345,11 @@ void Engine::rail_data_done(Channel& ch, Rail& r) {
   const uint8_t* payload = rx.grow ? rx.grow->data() : rx.dest;
   if (!was_applied && !rx.scratch && (h.flags & kFlagPayloadCrc) &&
       crc32c(payload, h.payload_len) != h.payload_crc) {
-    fail_rail(ch, r, "payload CRC32C mismatch", false);
+    fail_rail(ch, r, FailReason::kChecksum, "payload CRC32C mismatch");
     return;
   }
   if (cfg_.crc && !(h.flags & kFlagPayloadCrc) && h.payload_len > 0) {
-    fail_rail(ch, r, "protocol error: R2CCL_CRC is on here but the peer sent no checksum", false);
+    fail_rail(ch, r, FailReason::kProtocol, "protocol error: R2CCL_CRC is on here but the peer sent no checksum");
     return;
   }
   if (!r.acks.empty() && r.acks.back().second == h.seq)
