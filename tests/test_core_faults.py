@@ -34,6 +34,28 @@ def explain(r: subprocess.CompletedProcess) -> str:
 
 
 SECRET = "b'0123456789abcdef0123456789abcdef'"
+# Child-code prelude: endpoints `a` (rank 0) and `b` (rank 1) connected over loopback, with
+# configs `cfg_a` / `cfg_b` (set `CFG` lines before it to change them).
+PAIR = f"""
+from jax_r2ccl import _core
+cfg_a, cfg_b = _core.Config(), _core.Config()
+for _c in (cfg_a, cfg_b):
+    _c.reprobe_ms = 50
+_nics = ["127.0.0.1"] * NICS
+a = _core.Endpoint(cfg_a, 0, 2, _nics, {SECRET})
+b = _core.Endpoint(cfg_b, 1, 2, _nics, {SECRET})
+a.add_peer(1, b.addresses)
+b.add_peer(0, a.addresses)
+a.wait_ready([1], 20.0)
+b.wait_ready([0], 20.0)
+"""
+
+
+def pair(body: str, nics: int = 1, setup: str = "") -> str:
+    """Child code: imports, the PAIR prelude (after `setup`, which may edit cfg_a/cfg_b via
+    a CFG hook), then `body`."""
+    pre = PAIR.replace("_nics = ", f"NICS = {nics}\n{textwrap.dedent(setup)}\n_nics = ")
+    return "import time\nimport numpy as np\n" + pre + textwrap.dedent(body)
 
 
 @pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None or shutil.which("ip") is None,
@@ -127,17 +149,8 @@ def test_a_dropped_request_keeps_its_buffer_until_the_engine_is_done():
     # Rank 1 sends 64 MiB to rank 0 while rank 0's engine is busy, drops the request handle
     # and the array, and churns memory; rank 0 then receives: the bytes must be the original
     # ones (before the fix the engine read freed memory: a crash or garbage).
-    code = f"""
-        import gc, time
-        import numpy as np
-        from jax_r2ccl import _core
-        cfg = _core.Config()
-        a = _core.Endpoint(cfg, 0, 2, ["127.0.0.1"], {SECRET})
-        b = _core.Endpoint(cfg, 1, 2, ["127.0.0.1"], {SECRET})
-        a.add_peer(1, b.addresses)
-        b.add_peer(0, a.addresses)
-        a.wait_ready([1], 20.0)
-        b.wait_ready([0], 20.0)
+    code = pair("""
+        import gc
         n = 16 << 20
         want = np.arange(n, dtype=np.uint32) * np.uint32(2654435761)
         arr = want.copy()
@@ -159,7 +172,7 @@ def test_a_dropped_request_keeps_its_buffer_until_the_engine_is_done():
         a.close()
         b.close()
         print("OK")
-    """
+    """)
     r = run_child(code, timeout=120)
     assert r.returncode == 0 and "OK" in r.stdout, explain(r)
 
@@ -202,21 +215,11 @@ def test_each_endpoint_logs_at_its_own_level_and_rank():
     # Rank 0 at ERROR, opened first; rank 1 at INFO, opened second. Before: the second
     # endpoint's constructor set the process-wide level and rank, so rank 0's engine logged
     # its INFO lines too, all labelled rank 1.
-    code = f"""
-        import time
-        from jax_r2ccl import _core
-        quiet, loud = _core.Config(), _core.Config()
-        quiet.debug_level, loud.debug_level = 0, 2
-        a = _core.Endpoint(quiet, 0, 2, ["127.0.0.1"], {SECRET})
-        b = _core.Endpoint(loud, 1, 2, ["127.0.0.1"], {SECRET})
-        a.add_peer(1, b.addresses)
-        b.add_peer(0, a.addresses)
-        a.wait_ready([1], 20.0)
-        b.wait_ready([0], 20.0)
+    code = pair("""
         time.sleep(0.2)
         a.close()
         b.close()
-    """
+    """, setup="cfg_a.debug_level, cfg_b.debug_level = 0, 2")
     r = run_child(code)
     assert r.returncode == 0, explain(r)
     lines = [ln for ln in r.stderr.splitlines() if ln.startswith("[r2ccl")]
@@ -231,17 +234,7 @@ def test_an_unexpected_message_is_staged_as_its_bytes_arrive_not_as_announced():
     # chunk's header (msg_len 256 MiB) made rank 0 allocate and zero-fill 256 MiB at once.
     # Now staging follows the bytes that arrived. Then the receive is posted, the cap lifted,
     # and the message must arrive bit-exact.
-    code = f"""
-        import time
-        import numpy as np
-        from jax_r2ccl import _core
-        cfg = _core.Config()
-        a = _core.Endpoint(cfg, 0, 2, ["127.0.0.1"], {SECRET})
-        b = _core.Endpoint(cfg, 1, 2, ["127.0.0.1"], {SECRET})
-        a.add_peer(1, b.addresses)
-        b.add_peer(0, a.addresses)
-        a.wait_ready([1], 20.0)
-        b.wait_ready([0], 20.0)
+    code = pair("""
         b.inject(0, 0, "rate", 2e6)
         n = 64 << 20
         want = (np.arange(n, dtype=np.uint32) * np.uint32(2246822519)) ^ np.uint32(0x5bd1e995)
@@ -260,7 +253,7 @@ def test_an_unexpected_message_is_staged_as_its_bytes_arrive_not_as_announced():
         a.close()
         b.close()
         print("OK")
-    """
+    """)
     r = run_child(code, timeout=120)
     assert r.returncode == 0 and "OK" in r.stdout, explain(r)
 
@@ -268,17 +261,7 @@ def test_an_unexpected_message_is_staged_as_its_bytes_arrive_not_as_announced():
 def test_rail_failures_carry_a_reason_code():
     # Failure handling used to classify its own messages by matching their text; the reason
     # is now an enum, reported as rail_stats()['last_reason'].
-    code = f"""
-        import time
-        from jax_r2ccl import _core
-        cfg = _core.Config()
-        cfg.reprobe_ms = 50
-        a = _core.Endpoint(cfg, 0, 2, ["127.0.0.1", "127.0.0.1"], {SECRET})
-        b = _core.Endpoint(cfg, 1, 2, ["127.0.0.1", "127.0.0.1"], {SECRET})
-        a.add_peer(1, b.addresses)
-        b.add_peer(0, a.addresses)
-        a.wait_ready([1], 20.0)
-        b.wait_ready([0], 20.0)
+    code = pair("""
         assert [s["last_reason"] for s in a.rail_stats(1)] == ["", ""]
         b.inject(0, 1, "close")
         t0 = time.monotonic()
@@ -292,6 +275,6 @@ def test_rail_failures_carry_a_reason_code():
         a.close()
         b.close()
         print("OK")
-    """
+    """, nics=2)
     r = run_child(code)
     assert r.returncode == 0 and "OK" in r.stdout, explain(r)
