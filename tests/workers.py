@@ -114,6 +114,14 @@ def transfer_with_fault(ep, rank, world, nbytes, fault=None, fault_rail=1, fault
                 if fault_cmd:
                     subprocess.run(fault_cmd, shell=True, check=True, timeout=30)
                 else:
+                    if fault == "stall" and rank == 0:
+                        # Freeze the sender's rail with a data frame part-written: bytes that can
+                        # only arrive if the stall is detected and they are re-sent elsewhere (a
+                        # rail frozen between frames has delivered all it holds, and its acks
+                        # travel on the others: nothing to detect).
+                        deadline = time.monotonic() + 2.0
+                        while ep.rail_stats(peer)[fault_rail]["unsent_bytes"] == 0 and time.monotonic() < deadline:
+                            time.sleep(0.0002)
                     ep.inject(peer, fault_rail, fault)
             timers.append(threading.Timer(fault_after_s, hit))
             if heal_after_s is not None:

@@ -26,6 +26,7 @@ struct RailStats {
   uint64_t acked_bytes = 0;                  // bytes the peer confirmed on this rail
   uint64_t retransmitted_chunks = 0;         // chunks this rail carried for a failed sibling
   uint64_t inflight_bytes = 0;
+  uint64_t unsent_bytes = 0;                 // of the data frame being written: payload not yet handed to the socket
   uint64_t failures = 0, recoveries = 0;
   uint64_t stalls = 0;                       // failures declared because acks stopped (black-hole detection)
   uint64_t window_bytes = 0;                 // its current in-flight window (RailPace)

@@ -564,6 +564,8 @@ std::vector<RailStats> Engine::stats(int peer) {
       s.acked_bytes = r.acked_bytes;
       s.retransmitted_chunks = r.retransmitted;
       s.inflight_bytes = r.inflight;
+      if (r.cur.active && r.cur.is_data)
+        s.unsent_bytes = r.cur.payload_len - (r.cur.done > kHeaderBytes ? r.cur.done - kHeaderBytes : 0);
       s.failures = r.failures;
       s.recoveries = r.recoveries;
       s.stalls = r.stalls;

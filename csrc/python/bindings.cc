@@ -116,6 +116,7 @@ nb::dict stats_dict(const RailStats& s) {
   d["failures"] = s.failures;
   d["recoveries"] = s.recoveries;
   d["stalls"] = s.stalls;
+  d["unsent_bytes"] = s.unsent_bytes;
   d["last_reason"] = s.last_reason;
   d["window_bytes"] = s.window_bytes;
   d["pace_bw"] = s.pace_bw;

@@ -91,15 +91,21 @@ class _Fault:
         rails = range(1 if self.testbed else 0, len(st))
         return max(rails, key=lambda k: st[k]["inflight_bytes"])
 
-    # A rail is taken down once it holds at least this much of the step unacknowledged: a large
-    # gradient's chunk that has just started, so the link goes down before the chunk drains
-    # (taking a test-bed link down takes the kernel tens of milliseconds).
+    # A rail is taken down once it holds this much of the step unacknowledged, or half its
+    # window if that is less (windows size themselves: a slow rail holds little), so the link
+    # goes down before those bytes drain (taking a test-bed link down takes the kernel tens of
+    # milliseconds). On loopback, where delivered bytes are acknowledged on the other rails at
+    # once, it also waits until a data frame is part-written (bytes the close will lose).
     MIN_INFLIGHT_BYTES = 64 << 10
+
+    def _at_risk(self, s) -> bool:
+        enough = s["inflight_bytes"] >= min(self.MIN_INFLIGHT_BYTES, s["window_bytes"] // 2)
+        return enough and (self.testbed or s["unsent_bytes"] > 0)
 
     def take_down(self, wait_s: float = 5.0) -> None:
         deadline = time.monotonic() + wait_s
         st = self._stats()
-        while st[self._pick(st)]["inflight_bytes"] < self.MIN_INFLIGHT_BYTES and time.monotonic() < deadline:
+        while not self._at_risk(st[self._pick(st)]) and time.monotonic() < deadline:
             time.sleep(0.0002)
             st = self._stats()
         self.rail = self._pick(st)
