@@ -99,11 +99,13 @@ class _Fault:
     # once, it also waits until a data frame is part-written (bytes the close will lose).
     MIN_INFLIGHT_BYTES = 64 << 10
 
-    PREFER_UNSENT_S = 0.02
+    PREFER_UNSENT_S = 0.003
 
     def _at_risk(self, s, need_unsent: bool) -> bool:
+        if not self.testbed and not need_unsent:
+            return s["inflight_bytes"] > 0      # loopback, after the preference: any bytes of the step
         enough = s["inflight_bytes"] >= min(self.MIN_INFLIGHT_BYTES, s["window_bytes"] // 2)
-        return enough and (not need_unsent or s["unsent_bytes"] > 0)
+        return (enough or s["unsent_bytes"] > 0) if need_unsent else enough
 
     def take_down(self, wait_s: float = 5.0) -> None:
         t0 = time.monotonic()
