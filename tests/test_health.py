@@ -27,7 +27,8 @@ def test_degraded_rail_gets_a_matching_weight_and_its_share_back_when_healed():
     assert "restored" in _kinds(r0["events"], 2), r0["events"]
     degraded = _weights(r0["timeline"], 2, 1.5, 3.0)
     assert degraded and min(degraded) <= 0.3, degraded
-    assert all(w >= 0.8 for rail in (0, 1, 3) for w in _weights(r0["timeline"], rail, 1.5, 3.0))
+    healthy = {rail: _weights(r0["timeline"], rail, 1.5, 3.0) for rail in (0, 1, 3)}
+    assert all(w >= 0.8 for ws in healthy.values() for w in ws), (healthy, r0["events"])
     healed = _weights(r0["timeline"], 2, 4.5, 99)
     assert healed and healed[-1] >= 0.8, healed
 

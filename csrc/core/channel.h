@@ -1,9 +1,12 @@
-// Rails and channels: the state the progress engine keeps for every peer. A rail is one
-// connection over one NIC pair; a channel is every rail to one peer plus the message state
-// that makes striping lossless (sequence numbers, retransmit window, acks, dedup).
-// Engine-thread only. Knows nothing of collectives or JAX; sockets only through net/.
+// A channel: every rail to one peer plus the message state that makes striping lossless
+// (sequence numbers, weighted dealing, windows, acks, retransmit, dedup, matching, failover
+// and failback decisions, stall and silence detection). ChannelCore is a state machine:
+// frames and time come in as calls, frames go out through each rail's queue, and the few
+// things only a transport can do (write a queued frame, end a connection, dial again) are
+// asked of a RailIo. No file descriptor, socket or clock in here: the engine drives it over
+// TCP, tests/cpp/test_channel_sim.cc over an in-memory transport with a seeded schedule.
+// One thread at a time (the engine's). Knows nothing of sockets, collectives or JAX.
 #pragma once
-#include <array>
 #include <cstdint>
 #include <deque>
 #include <map>
@@ -13,16 +16,16 @@
 #include <unordered_map>
 #include <vector>
 
-#include "core/endpoint.h"
+#include "base/config.h"
 #include "core/rail_pace.h"
 #include "core/request.h"
 #include "core/wire.h"
-#include "net/transport.h"
 
 namespace r2ccl {
 
 // kDown -> kConnecting (connector dials) -> kHandshake (secret proven both ways) -> kUp.
 // Any error, stall or silence: -> kDown; the connector side re-dials after R2CCL_REPROBE_MS.
+// The transport moves a rail through kConnecting and kHandshake; the channel sees kUp and kDown.
 enum class RailState { kConnecting, kHandshake, kUp, kDown };
 const char* rail_state_name(RailState s);
 
@@ -45,14 +48,8 @@ inline constexpr const char* kFailReasonNames[] = {"io",       "closed_by_peer",
                                                    "replaced"};
 inline const char* fail_reason_name(FailReason r) { return kFailReasonNames[static_cast<int>(r)]; }
 
-// What the engine's epoll reports: which object an fd belongs to.
-struct Pollable {
-  enum Kind { kWake, kListener, kPending, kRail } kind;
-  void* obj = nullptr;
-  int index = 0;     // listener: NIC index
-  int fd = -1;       // the fd registered, to ignore events for a replaced connection
-};
-
+// A frame to write: a header and a payload (the caller's buffer for data, `owned` for
+// control frames and for cancelled data). `done` counts the bytes the transport has taken.
 struct TxFrame {
   bool active = false;
   bool is_data = false;
@@ -65,7 +62,12 @@ struct TxFrame {
   std::vector<uint8_t> owned;      // payload storage of control frames (and of cancelled data)
   size_t total() const { return kHeaderBytes + payload_len; }
 };
+// Fills `f` with a control frame (its payload moves into f->owned).
+void encode_control(TxFrame* f, FrameType t, std::vector<uint8_t> payload, uint64_t seq = 0);
 
+// A frame being received. The transport fills hdr and decodes it into h; the channel
+// (on_header) says where the payload goes: dest, a growing staging buffer, scratch (read and
+// dropped) or ctrl (control frames).
 struct RxFrame {
   uint8_t hdr[kHeaderBytes];
   size_t hdr_got = 0;
@@ -79,24 +81,15 @@ struct RxFrame {
   void reset() { hdr_got = 0; in_payload = false; dest = nullptr; scratch = false; grow = nullptr; got = 0; }
 };
 
-struct Channel;
-
+// One rail as the channel sees it: its state, queues, window and counters.
 struct Rail {
-  Channel* ch = nullptr;
   int index = 0, local_nic = 0, remote_nic = 0;
   RailState state = RailState::kDown;
-  std::unique_ptr<Connection> conn;
-  Pollable poll{Pollable::kRail};
-  uint32_t events = 0;             // epoll interest currently registered
-  uint32_t epoch = 0;
   bool ever_up = false;
+  bool paused = false;             // the transport neither reads nor writes it (injected stall)
+  int64_t hold_until_ns = 0;       // the transport can take no frame before (rate cap)
   double weight = 1.0;             // the health monitor's seam (set_rail_weight)
   double vtime = 0;                // weighted-fair dealing of chunks
-
-  // connector handshake
-  uint8_t hello[kHelloBytes];
-  int64_t attempt_deadline_ns = 0;
-  int64_t next_attempt_ns = 0;
 
   TxFrame cur;
   std::deque<TxFrame> ctrl;
@@ -112,17 +105,11 @@ struct Rail {
   int64_t last_rx_ns = 0, last_tx_ns = 0, last_ack_ns = 0, progress_ns = 0, changed_ns = 0;
   int64_t rtt_ns = 0;              // last heartbeat round trip (0: none yet)
   bool closed_by_peer = false;     // the established connection ended by EOF or reset (not silence)
-  bool refused = false;            // the last connect attempt was actively refused
-
-  Fault fault = Fault::kNone;
-  double rate_bps = 0, tokens = 0;
-  int64_t tokens_ns = 0, next_tx_ns = 0;
 
   uint64_t tx_bytes = 0, rx_bytes = 0, tx_chunks = 0, rx_chunks = 0, acked_bytes = 0;
   uint64_t retransmitted = 0, failures = 0, recoveries = 0, stalls = 0;
   std::string last_error;
   const char* last_reason = "";    // fail_reason_name of its last failure
-  double changed_unix_s = 0;
 };
 
 struct Chunk {
@@ -160,8 +147,6 @@ struct InMsg {
 
 struct Channel {
   int peer = 0;
-  bool connector = false;          // this side dials (and re-dials) every rail
-  std::vector<NetAddr> remote;
   std::vector<std::unique_ptr<Rail>> rails;
 
   // send direction
@@ -187,8 +172,7 @@ struct Channel {
   std::string dead_msg;
   bool bye_received = false;
   int64_t all_down_since = 0;
-  int64_t last_probe_ns = 0;
-  int protocol_errors = 0;       // acceptor side: last liveness probe of the peer's listener
+  int protocol_errors = 0;
 
   bool seq_applied(uint64_t s) const { return s < rx_cum || rx_ooo.count(s) != 0; }
   void mark_applied(uint64_t s) {
@@ -200,6 +184,104 @@ struct Channel {
     for (auto& r : rails) n += r->state == RailState::kUp;
     return n;
   }
+};
+
+// What a channel asks of the transport that carries its rails. Called from inside the
+// channel's own calls; none of these may call back into the channel.
+class RailIo {
+ public:
+  virtual ~RailIo() = default;
+  // Rail `rail` has a frame queued (Rail::cur is active): write it now or when writable, and
+  // report each frame written whole with ChannelCore::frame_written.
+  virtual void kick(int rail) = 0;
+  // The channel failed the rail (or ended the channel): end its connection now; the rail's
+  // queues are already cleared. `was_up`: it carried traffic (else it was still connecting).
+  virtual void drop(int rail, bool was_up) = 0;
+  // The peer reports the far end of a down rail up again: dial now if this side dials.
+  virtual void redial(int rail) = 0;
+};
+
+// Settings a channel runs by (from Config; tests make them small).
+struct ChannelSettings {
+  bool crc = false;
+  int64_t stall_ns = 250 * 1000000LL;
+  int64_t heartbeat_ns = 100 * 1000000LL;
+  int heartbeat_misses = 3;
+  int64_t timeout_ns = 30 * 1000000000LL;
+  RailPaceLimits pace;
+  static ChannelSettings from(const Config& cfg);
+};
+
+class ChannelCore {
+ public:
+  // `rail_names`: one per rail, for logs and errors ("rail 1 to rank 3 (eth1 ... -> ...)").
+  ChannelCore(int peer, std::string peer_name, std::vector<std::string> rail_names,
+              const std::vector<std::pair<int, int>>& nic_pairs, const ChannelSettings& set, RailIo* io,
+              int64_t now);
+
+  Channel ch;   // its state: read by stats and tests; written only through the calls below
+
+  // requests (the request's peer is this channel's)
+  void submit(const std::shared_ptr<Request>& req, int64_t now);
+  void cancel(const std::shared_ptr<Request>& req, Cause cause, const std::string& why, int64_t now);
+  void set_weight(int rail, double w, int64_t now);
+
+  // rails: the transport finished a handshake / lost a connection (or the channel decides to).
+  void rail_up(int rail, int64_t now);
+  void fail_rail(int rail, FailReason reason, const std::string& why, int64_t now);
+  // The transport stopped / resumed reading and writing a rail (an injected stall).
+  void set_paused(int rail, bool paused, int64_t now);
+
+  // frames in, on an up rail: the header is in r.rx.h. on_header says where the payload goes
+  // (false: the rail failed); on_frame: the payload is in place. rx_idle: the transport has
+  // read all it can for now (acks go out).
+  bool on_header(int rail, int64_t now);
+  void on_frame(int rail, int64_t now);
+  void rx_idle(int rail, int64_t now);
+  // Bytes of the current frame arrived / left (the rail is not silent, not idle).
+  void rx_progress(int rail, int64_t now) { ch.rails[static_cast<size_t>(rail)]->last_rx_ns = now; }
+  void tx_progress(int rail, int64_t now) { ch.rails[static_cast<size_t>(rail)]->last_tx_ns = now; }
+  // frames out: the transport wrote Rail::cur whole; the next queued frame becomes cur.
+  void frame_written(int rail, int64_t now);
+  // The transport's own frames on a rail that is not up (its handshake), and its moves
+  // through kConnecting and kHandshake, or back to kDown when an attempt fails (`why`).
+  void transport_frame(int rail, TxFrame f);
+  void link_state(int rail, RailState s, const std::string& why = "");
+  // Deals chunks to rails that are free to take one.
+  void pump(int64_t now);
+  // Timers: stalls (with each local NIC's drain time, indexed by local_nic), silence,
+  // heartbeats, the cumulative ack, and requests whose rails have all been down too long.
+  void tick(int64_t now, const std::vector<int64_t>& nic_drain_ns);
+  // Tells the peer, on an up rail of another NIC, that rail `rail`'s local link went down or up.
+  void send_rail_state(int rail, bool up, int64_t now);
+  // Queues a goodbye on every up rail (the endpoint is closing).
+  void goodbye();
+  // Ends the channel: every request fails with `cause`; messages that arrived whole stay
+  // deliverable to later receives.
+  void kill(Cause cause, const std::string& why);
+
+  const std::string& peer_name() const { return peer_name_; }
+  const std::string& rail_name(int rail) const { return rail_names_[static_cast<size_t>(rail)]; }
+  // Bytes held for messages that arrived before their receive was posted.
+  uint64_t staged_bytes() const;
+
+ private:
+  void queue_ctrl(Rail& r, FrameType t, std::vector<uint8_t> payload, uint64_t seq = 0);
+  bool next_chunk(Chunk* c, uint64_t max_len);
+  void on_ack(uint64_t first, uint64_t last, int64_t now);
+  void post_recv(const std::shared_ptr<Request>& req);
+  InMsg* open_inmsg(const FrameHeader& h);
+  void data_frame(Rail& r);
+  void control_frame(Rail& r, int64_t now);
+  void finish_inmsg(uint64_t msg_id);
+  void redirect_to_scratch(uint64_t msg_id);
+  void flush_acks(Rail& r);
+  void expire(int64_t now);
+
+  std::string peer_name_;
+  std::vector<std::string> rail_names_;
+  ChannelSettings set_;
+  RailIo* io_;
 };
 
 }  // namespace r2ccl

@@ -1,6 +1,7 @@
-// The progress engine: construction, the epoll loop, timers (heartbeats, stall and
-// silence detection, re-dials, peer-gone), stats, fault injection, weights, and the
-// Endpoint facade. Handshakes, rail I/O and channel logic live in engine_*.cc beside it.
+// The progress engine: construction, the epoll loop, timers (re-dials, peer-gone; the
+// channel's own timers run in ChannelCore::tick), stats, fault injection, weights, requests
+// and the Endpoint facade. Handshakes and rail I/O live in engine_*.cc beside it; the
+// channel logic in channel.cc.
 // Every function runs on the engine thread unless its comment says otherwise.
 #include "core/engine.h"
 
@@ -21,16 +22,6 @@
 namespace r2ccl {
 
 using namespace detail;
-
-const char* rail_state_name(RailState s) {
-  switch (s) {
-    case RailState::kConnecting: return "connecting";
-    case RailState::kHandshake: return "handshake";
-    case RailState::kUp: return "up";
-    case RailState::kDown: return "down";
-  }
-  return "?";
-}
 
 // ---------------------------------------------------------------- construction, commands
 
@@ -172,24 +163,12 @@ void Engine::run_commands() {
   for (auto& c : cmds) c();
 }
 
-Channel* Engine::channel(int peer) {
-  auto it = channels_.find(peer);
-  if (it == channels_.end())
-    throw Error(Cause::kInvalidArgument, peer,
-                "rank " + std::to_string(peer) + " is not a connected peer of rank " + std::to_string(rank_));
+Peer* Engine::peer(int rank) {
+  auto it = peers_.find(rank);
+  if (it == peers_.end())
+    throw Error(Cause::kInvalidArgument, rank,
+                "rank " + std::to_string(rank) + " is not a connected peer of rank " + std::to_string(rank_));
   return it->second.get();
-}
-
-std::string Engine::peer_name(const Channel& ch) const {
-  std::string s = "rank " + std::to_string(ch.peer);
-  if (!ch.remote.empty()) s += " (" + ch.remote[0].str() + ")";
-  return s;
-}
-
-std::string Engine::rail_name(const Channel& ch, const Rail& r) const {
-  return "rail " + std::to_string(r.index) + " to rank " + std::to_string(ch.peer) + " (" +
-         nics_[r.local_nic].name + " " + nics_[r.local_nic].addr_str() + " -> " +
-         ch.remote[r.remote_nic].str() + ")";
 }
 
 void Engine::add_peer(int peer, const std::vector<std::string>& addrs) {
@@ -200,43 +179,70 @@ void Engine::add_peer(int peer, const std::vector<std::string>& addrs) {
   std::vector<NetAddr> remote;
   for (auto& a : addrs) remote.push_back(NetAddr::parse(a));
   call([&] {
-    if (channels_.count(peer)) throw Error(Cause::kInvalidArgument, peer, "peer added twice");
-    auto ch = std::make_unique<Channel>();
-    ch->peer = peer;
-    ch->connector = rank_ > peer;   // the higher rank dials
-    ch->remote = remote;
+    if (peers_.count(peer)) throw Error(Cause::kInvalidArgument, peer, "peer added twice");
+    auto pr = std::make_unique<Peer>();
+    pr->eng = this;
+    pr->rank = peer;
+    pr->connector = rank_ > peer;   // the higher rank dials
+    pr->remote = remote;
     size_t n_local = nics_.size(), n_remote = remote.size();
     size_t pairs = std::max(n_local, n_remote);
-    int64_t now = now_ns();
-    RailPace::Limits pace;
-    pace.max_window = cfg_.rail_window_bytes;
-    pace.max_chunk = cfg_.chunk_bytes;
-    pace.min_chunk = kMinChunkBytes;
-    pace.min_window = 2 * kMinChunkBytes;
-    pace.target_ns = cfg_.rail_queue_ms * kMs;
+    std::vector<std::pair<int, int>> nic_pairs;
+    std::vector<std::string> names;
+    const std::string pname = "rank " + std::to_string(peer) + " (" + remote[0].str() + ")";
     for (size_t i = 0; i < pairs * static_cast<size_t>(cfg_.conns_per_nic); i++) {
-      auto r = std::make_unique<Rail>();
-      r->ch = ch.get();
-      r->index = static_cast<int>(i);
       size_t p = i % pairs;
-      r->local_nic = static_cast<int>(p % n_local);
-      r->remote_nic = static_cast<int>(p % n_remote);
-      r->poll.obj = r.get();
-      r->pace = RailPace(pace);
-      r->changed_ns = now;
-      r->changed_unix_s = unix_time_s();
-      ch->rails.push_back(std::move(r));
+      int local = static_cast<int>(p % n_local), rem = static_cast<int>(p % n_remote);
+      nic_pairs.push_back({local, rem});
+      names.push_back("rail " + std::to_string(i) + " to rank " + std::to_string(peer) + " (" + nics_[local].name +
+                      " " + nics_[local].addr_str() + " -> " + remote[rem].str() + ")");
+      auto l = std::make_unique<Link>();
+      l->peer = pr.get();
+      l->index = static_cast<int>(i);
+      l->poll.obj = l.get();
+      pr->links.push_back(std::move(l));
     }
-    Channel& c = *ch;
-    channels_[peer] = std::move(ch);
+    pr->core = std::make_unique<ChannelCore>(peer, pname, std::move(names), nic_pairs, ChannelSettings::from(cfg_),
+                                             pr.get(), now_ns());
+    Peer& c = *pr;
+    peers_[peer] = std::move(pr);
     if (c.connector)
-      for (auto& r : c.rails) start_connect(c, *r);
+      for (auto& l : c.links) start_connect(c, *l);
     for (auto& p : pendings_)
       if (p->parked && !p->dead) {
         p->parked = false;
         pending_hello(*p);
       }
   });
+}
+
+// ---------------------------------------------------------------- the channel's RailIo
+
+void Peer::kick(int rail) { eng->rail_flush(*this, *links[static_cast<size_t>(rail)]); }
+void Peer::drop(int rail, bool was_up) { eng->drop_link(*this, *links[static_cast<size_t>(rail)], was_up); }
+void Peer::redial(int rail) { eng->redial_link(*this, *links[static_cast<size_t>(rail)]); }
+
+void Engine::drop_link(Peer& pr, Link& l, bool was_up) {
+  (void)pr;
+  if (l.conn) {
+    epoll_del(l.conn->fd());
+    if (was_up) l.conn->shutdown();
+    l.conn.reset();
+  }
+  l.events = 0;
+  if (!was_up) l.refused = false;   // only ECONNREFUSED counts as a refusal (attempt_failed)
+  l.next_attempt_ns = now_ns() + cfg_.reprobe_ms * kMs;
+}
+
+bool Engine::may_dial(const Peer& pr, const Link& l) const {
+  const Rail& r = *pr.core->ch.rails[static_cast<size_t>(l.index)];
+  return pr.connector && l.fault != Fault::kClose && l.fault != Fault::kStall &&
+         !nic_down_[static_cast<size_t>(r.local_nic)];
+}
+
+void Engine::redial_link(Peer& pr, Link& l) {
+  l.next_attempt_ns = 0;
+  if (may_dial(pr, l)) start_connect(pr, l);
 }
 
 // ---------------------------------------------------------------- the loop
@@ -259,25 +265,26 @@ void Engine::epoll_mod(int fd, Pollable* p, uint32_t ev) {
 
 void Engine::epoll_del(int fd) { epoll_ctl(epfd_, EPOLL_CTL_DEL, fd, nullptr); }
 
-void Engine::set_interest(Rail& r) {
-  if (!r.conn) return;
+void Engine::set_interest(Link& l) {
+  if (!l.conn) return;
+  const Rail& r = l.peer->rail(l.index);
   uint32_t ev = 0;
-  if (r.fault != Fault::kStall) {
+  if (l.fault != Fault::kStall) {
     ev = EPOLLIN;
-    bool rate_wait = r.next_tx_ns > now_ns();
+    bool rate_wait = l.next_tx_ns > now_ns();
     if (r.state == RailState::kConnecting || (r.cur.active && !rate_wait)) ev |= EPOLLOUT;
   }
-  if (ev != r.events) {
-    epoll_mod(r.conn->fd(), &r.poll, ev);
-    r.events = ev;
+  if (ev != l.events) {
+    epoll_mod(l.conn->fd(), &l.poll, ev);
+    l.events = ev;
   }
 }
 
 int Engine::next_timeout_ms(int64_t now) const {
   int64_t next = next_tick_ns_;
-  for (auto& [peer, ch] : channels_)
-    for (auto& r : ch->rails)
-      if (r->cur.active && r->next_tx_ns > now) next = std::min(next, r->next_tx_ns);
+  for (auto& [rank, pr] : peers_)
+    for (auto& l : pr->links)
+      if (pr->rail(l->index).cur.active && l->next_tx_ns > now) next = std::min(next, l->next_tx_ns);
   int64_t ms = (next - now + kMs - 1) / kMs;
   return static_cast<int>(std::clamp<int64_t>(ms, 0, 1000));
 }
@@ -293,11 +300,12 @@ void Engine::run() {
     run_commands();
     int64_t now = now_ns();
     // Rails waiting only for rate-limit tokens.
-    for (auto& [peer, ch] : channels_)
-      for (auto& r : ch->rails)
-        if (r->cur.active && r->next_tx_ns && r->next_tx_ns <= now) {
-          r->next_tx_ns = 0;
-          rail_writable(*ch, *r);
+    for (auto& [rank, pr] : peers_)
+      for (auto& l : pr->links)
+        if (pr->rail(l->index).cur.active && l->next_tx_ns && l->next_tx_ns <= now) {
+          l->next_tx_ns = 0;
+          pr->rail(l->index).hold_until_ns = 0;
+          rail_writable(*pr, *l);
         }
     if (now >= next_tick_ns_) {
       tick(now);
@@ -307,23 +315,22 @@ void Engine::run() {
   }
   run_commands();
   // Goodbye: tell every peer on every live rail, give the frames a moment to leave.
-  for (auto& [peer, ch] : channels_)
-    for (auto& r : ch->rails)
-      if (r->state == RailState::kUp) queue_ctrl(*r, FrameType::kBye, {});
+  for (auto& [rank, pr] : peers_) pr->core->goodbye();
   int64_t until = now_ns() + 200 * kMs;
   for (;;) {
     bool busy = false;
-    for (auto& [peer, ch] : channels_)
-      for (auto& r : ch->rails)
-        if (r->state == RailState::kUp && (r->cur.active || !r->ctrl.empty())) {
-          if (rail_flush(*ch, *r)) busy = busy || r->cur.active;
+    for (auto& [rank, pr] : peers_)
+      for (auto& l : pr->links) {
+        Rail& r = pr->rail(l->index);
+        if (r.state == RailState::kUp && (r.cur.active || !r.ctrl.empty())) {
+          if (rail_flush(*pr, *l)) busy = busy || r.cur.active;
         }
+      }
     if (!busy || now_ns() > until) break;
     usleep(1000);
   }
-  for (auto& [peer, ch] : channels_) {
-    kill_channel(*ch, Cause::kClosed, "the r2ccl endpoint of rank " + std::to_string(rank_) + " was closed");
-  }
+  for (auto& [rank, pr] : peers_)
+    pr->core->kill(Cause::kClosed, "the r2ccl endpoint of rank " + std::to_string(rank_) + " was closed");
   pendings_.clear();
   stopped_ = true;
 }
@@ -356,15 +363,15 @@ void Engine::on_event(Pollable* p, uint32_t ev) {
       return;
     }
     case Pollable::kRail: {
-      auto* r = static_cast<Rail*>(p->obj);
-      if (!r->conn || r->conn->fd() != p->fd) return;   // replaced or closed in this batch
-      Channel& ch = *r->ch;
-      if (r->state == RailState::kConnecting) {
-        if (ev & (EPOLLOUT | EPOLLERR | EPOLLHUP)) rail_writable(ch, *r);
+      auto* l = static_cast<Link*>(p->obj);
+      if (!l->conn || l->conn->fd() != p->fd) return;   // replaced or closed in this batch
+      Peer& pr = *l->peer;
+      if (pr.rail(l->index).state == RailState::kConnecting) {
+        if (ev & (EPOLLOUT | EPOLLERR | EPOLLHUP)) rail_writable(pr, *l);
         return;
       }
-      if (ev & (EPOLLIN | EPOLLERR | EPOLLHUP)) rail_readable(ch, *r);
-      if (r->conn && r->conn->fd() == p->fd && (ev & EPOLLOUT)) rail_writable(ch, *r);
+      if (ev & (EPOLLIN | EPOLLERR | EPOLLHUP)) rail_readable(pr, *l);
+      if (l->conn && l->conn->fd() == p->fd && (ev & EPOLLOUT)) rail_writable(pr, *l);
       return;
     }
   }
@@ -378,8 +385,8 @@ void Engine::share_windows(int64_t now) {
   const int64_t since = now - std::max<int64_t>(50, 2 * cfg_.rail_queue_ms) * kMs;
   std::vector<double> rate(nics_.size(), 0.0), inflight(nics_.size(), 0.0);
   std::vector<int> busy(nics_.size(), 0);
-  for (auto& [peer, ch] : channels_)
-    for (auto& r : ch->rails)
+  for (auto& [rank, pr] : peers_)
+    for (auto& r : pr->ch().rails)
       if (r->state == RailState::kUp && r->pace.busy_since(since)) {
         const size_t k = static_cast<size_t>(r->local_nic);
         rate[k] += r->pace.share_rate();
@@ -389,151 +396,87 @@ void Engine::share_windows(int64_t now) {
   nic_drain_ns_.assign(nics_.size(), 0);
   for (size_t k = 0; k < nics_.size(); k++)
     if (rate[k] > 0) nic_drain_ns_[k] = static_cast<int64_t>(inflight[k] * 1e9 / rate[k]);
-  for (auto& [peer, ch] : channels_) {
-    for (auto& r : ch->rails) {
+  for (auto& [rank, pr] : peers_) {
+    for (auto& r : pr->ch().rails) {
       const size_t k = static_cast<size_t>(r->local_nic);
       if (r->pace.busy_since(since)) r->pace.share_window(rate[k], busy[k]);
     }
-    pump(*ch);
+    pr->core->pump(now);
   }
 }
 
 void Engine::tick(int64_t now) {
-  const int64_t stall = cfg_.stall_ms * kMs;
-  const int64_t hb = cfg_.heartbeat_ms * kMs;
   for (auto& p : pendings_)
     if (!p->dead && now > p->deadline_ns && !p->parked) pending_reject(*p, "handshake not finished in time");
     else if (!p->dead && p->parked && now > p->deadline_ns + 10 * cfg_.connect_timeout_ms * kMs)
       pending_reject(*p, "hello names a rank that never joined");
   share_windows(now);
-  for (auto& [peer, chp] : channels_) {
-    Channel& ch = *chp;
-    if (ch.dead) continue;
-    for (auto& rp : ch.rails) {
-      Rail& r = *rp;
-      switch (r.state) {
-        case RailState::kUp: {
-          bool sibling_alive = false;
-          for (auto& o : ch.rails)
-            if (o.get() != &r && o->state == RailState::kUp && now - o->last_rx_ns < stall) sibling_alive = true;
-          // Slow is not dead: the peer gets what the rail's own measured rate needs to drain
-          // what it holds, on top of R2CCL_STALL_MS.
-          const int64_t drain =
-              r.inflight > 0 ? r.pace.drain_ns(r.inflight, nic_drain_ns_[static_cast<size_t>(r.local_nic)]) : 0;
-          if (r.inflight > 0 && now - r.progress_ns > stall + drain && sibling_alive) {
-            r.stalls++;
-            fail_rail(ch, r, FailReason::kStalled,
-                      "stalled: " + std::to_string(r.inflight) + " bytes unacknowledged for " +
-                          std::to_string((now - r.progress_ns) / kMs) + " ms (its measured drain time: " +
-                          std::to_string(drain / kMs) + " ms) while other rails progress");
-          } else if (now - r.last_rx_ns > hb * cfg_.heartbeat_misses) {
-            fail_rail(ch, r, FailReason::kSilent,
-                      "silent for " + std::to_string((now - r.last_rx_ns) / kMs) + " ms (" +
-                          std::to_string(cfg_.heartbeat_misses) + " heartbeats missed)");
-          } else if (now - r.last_tx_ns >= hb && !r.cur.active && r.ctrl.empty() && r.fault != Fault::kStall) {
-            std::vector<uint8_t> body(kHeartbeatBytes, 0);
-            store_le64(body.data(), static_cast<uint64_t>(now));
-            queue_ctrl(r, FrameType::kHeartbeat, std::move(body));
-            rail_flush(ch, r);
-          }
-          break;
-        }
+  for (auto& [rank, prp] : peers_) {
+    Peer& pr = *prp;
+    if (pr.ch().dead) continue;
+    for (auto& lp : pr.links) {
+      Link& l = *lp;
+      switch (pr.rail(l.index).state) {
         case RailState::kConnecting:
         case RailState::kHandshake:
-          if (now > r.attempt_deadline_ns) attempt_failed(ch, r, "connect/handshake timed out", false);
+          if (now > l.attempt_deadline_ns) attempt_failed(pr, l, "connect/handshake timed out", false);
           break;
         case RailState::kDown:
-          if (ch.connector && r.fault != Fault::kClose && r.fault != Fault::kStall && now >= r.next_attempt_ns &&
-              !nic_down_[static_cast<size_t>(r.local_nic)])
-            start_connect(ch, r);
+          if (now >= l.next_attempt_ns && may_dial(pr, l)) start_connect(pr, l);
+          break;
+        case RailState::kUp:
           break;
       }
     }
-    // The cumulative point may have reached the peer only on a rail that just died: send it
-    // on every live rail that has not carried it yet.
-    for (auto& rp : ch.rails) {
-      Rail& r = *rp;
-      if (r.cum_sent < ch.rx_cum) {
-        if (r.state != RailState::kUp || r.fault == Fault::kStall || !r.ctrl.empty()) continue;
-        r.cum_sent = ch.rx_cum;
-        std::vector<uint8_t> body(kAckRangeBytes);
-        store_le64(body.data(), 1);
-        store_le64(body.data() + 8, ch.rx_cum);
-        queue_ctrl(r, FrameType::kAck, std::move(body), 1);
-        rail_flush(ch, r);
-      }
-    }
-    check_channel(ch, now);
+    pr.core->tick(now, nic_drain_ns_);
+    check_peer_gone(pr, now);
   }
 }
 
-// Turns "every rail is down" into an error, promptly when the peer is evidently gone.
-void Engine::check_channel(Channel& ch, int64_t now) {
-  if (ch.dead || ch.rails_up() > 0) {
-    ch.all_down_since = 0;
-    return;
-  }
-  if (ch.all_down_since == 0) ch.all_down_since = now;
+// Every rail is down: ends the channel promptly when the peer is evidently gone.
+void Engine::check_peer_gone(Peer& pr, int64_t now) {
+  Channel& ch = pr.ch();
+  if (ch.dead || ch.rails_up() > 0 || ch.all_down_since == 0) return;
   bool ever_up = false, all_closed = true, all_refused = true;
-  for (auto& r : ch.rails) {
-    ever_up = ever_up || r->ever_up;
-    all_closed = all_closed && r->closed_by_peer;
-    all_refused = all_refused && r->refused;
+  for (auto& l : pr.links) {
+    const Rail& r = pr.rail(l->index);
+    ever_up = ever_up || r.ever_up;
+    all_closed = all_closed && r.closed_by_peer;
+    all_refused = all_refused && l->refused;
   }
   if (!ever_up) return;   // still starting up: wait_ready() reports that
   int64_t down_ms = (now - ch.all_down_since) / kMs;
-  if (ch.bye_received) {
-    kill_channel(ch, Cause::kPeerGone, "rank " + std::to_string(ch.peer) + " closed its r2ccl endpoint");
-    return;
-  }
   // A dead process's kernel resets its connections and refuses new ones; a NIC failure does
   // neither. The dialling side sees refusals on every re-dial; the listening side, once
   // every connection was closed on it, asks the peer's listener directly.
   int64_t grace_ms = std::max<int64_t>(1000, 3 * cfg_.reprobe_ms);
-  bool gone = ch.connector ? all_refused : false;
-  if (!ch.connector && all_closed && down_ms >= grace_ms && now - ch.last_probe_ns > grace_ms * kMs) {
-    ch.last_probe_ns = now;
-    gone = probe_refused(ch);
+  bool gone = pr.connector ? all_refused : false;
+  if (!pr.connector && all_closed && down_ms >= grace_ms && now - pr.last_probe_ns > grace_ms * kMs) {
+    pr.last_probe_ns = now;
+    gone = probe_refused(pr);
   }
-  if (gone && down_ms >= grace_ms / 2) {
-    kill_channel(ch, Cause::kPeerGone,
-                 peer_name(ch) + " is gone: its connections were closed and its listener refuses new ones (" +
-                     std::to_string(down_ms) + " ms without a rail; process exited or was killed?)");
-    return;
-  }
-  const int64_t limit = static_cast<int64_t>(cfg_.timeout_s * 1e9);
-  auto expire = [&](const std::shared_ptr<Request>& req) {
-    int64_t since = std::max(req->posted_ns, ch.all_down_since);
-    if (!req->finished() && now - since > limit) {
-      std::string last;
-      for (auto& r : ch.rails)
-        last += "\n  " + rail_name(ch, *r) + ": " + (r->last_error.empty() ? "down" : r->last_error);
-      req->finish_error(Cause::kAllRailsDown, "every rail to " + peer_name(ch) + " has been down for " +
-                                                  std::to_string(down_ms) + " ms (R2CCL_TIMEOUT=" +
-                                                  std::to_string(cfg_.timeout_s) + " s):" + last);
-    }
-  };
-  for (auto& req : ch.sends) expire(req);
-  for (auto& [k, req] : ch.posted) expire(req);
-  for (auto& [id, m] : ch.inmsgs)
-    if (m.req) expire(m.req);
+  if (gone && down_ms >= grace_ms / 2)
+    pr.core->kill(Cause::kPeerGone,
+                  pr.core->peer_name() + " is gone: its connections were closed and its listener refuses new ones (" +
+                      std::to_string(down_ms) + " ms without a rail; process exited or was killed?)");
 }
 
 // Dials the peer's first listener that is not held down by an injected fault and waits up to
 // 100 ms: true only when the connection is actively refused (nothing listens there any more).
-bool Engine::probe_refused(Channel& ch) {
-  for (auto& r : ch.rails) {
-    if (r->fault == Fault::kClose || r->fault == Fault::kStall) continue;
+bool Engine::probe_refused(Peer& pr) {
+  for (auto& l : pr.links) {
+    if (l->fault == Fault::kClose || l->fault == Fault::kStall) continue;
+    const Rail& r = pr.rail(l->index);
     std::unique_ptr<Connection> c;
     try {
-      c = tp_->connect(nics_[r->local_nic], ch.remote[r->remote_nic], sockopt_);
+      c = tp_->connect(nics_[r.local_nic], pr.remote[r.remote_nic], sockopt_);
     } catch (const Error&) {
       continue;
     }
     pollfd pfd{c->fd(), POLLOUT, 0};
     ::poll(&pfd, 1, 100);
     IoResult res = c->finish_connect();
-    R2_INFO("liveness probe of %s: %s", peer_name(ch).c_str(),
+    R2_INFO("liveness probe of %s: %s", pr.core->peer_name().c_str(),
             res.kind == IoResult::kOk ? "listening" : res.kind == IoResult::kError ? std::strerror(res.err) : "no answer");
     return res.kind == IoResult::kError && res.err == ECONNREFUSED;
   }
@@ -542,19 +485,22 @@ bool Engine::probe_refused(Channel& ch) {
 
 // ---------------------------------------------------------------- stats, faults, weights
 
-std::vector<RailStats> Engine::stats(int peer) {
+std::vector<RailStats> Engine::stats(int rank) {
   std::vector<RailStats> out;
   call([&] {
-    Channel& ch = *channel(peer);
-    for (auto& rp : ch.rails) {
-      Rail& r = *rp;
+    Peer& pr = *peer(rank);
+    const int64_t now = now_ns();
+    const double unix_now = unix_time_s();
+    for (auto& lp : pr.links) {
+      const Link& l = *lp;
+      const Rail& r = pr.rail(l.index);
       RailStats s;
       s.rail = r.index;
       s.local_nic = r.local_nic;
       s.remote_nic = r.remote_nic;
       s.local_nic_name = nics_[r.local_nic].name;
       s.local_addr = nics_[r.local_nic].addr_str();
-      s.remote_addr = ch.remote[r.remote_nic].str();
+      s.remote_addr = pr.remote[r.remote_nic].str();
       s.state = rail_state_name(r.state);
       s.weight = r.weight;
       s.tx_bytes = r.tx_bytes;
@@ -572,44 +518,45 @@ std::vector<RailStats> Engine::stats(int peer) {
       s.window_bytes = r.pace.window();
       s.pace_bw = r.pace.bandwidth();
       s.rtt_us = static_cast<double>(r.rtt_ns) / 1e3;
-      s.busy_s = static_cast<double>(r.busy_ns + (r.busy_since_ns ? now_ns() - r.busy_since_ns : 0)) / 1e9;
+      s.busy_s = static_cast<double>(r.busy_ns + (r.busy_since_ns ? now - r.busy_since_ns : 0)) / 1e9;
       s.link_down = nic_down_[static_cast<size_t>(r.local_nic)];
-      s.fault = fault_name(r.fault);
+      s.fault = fault_name(l.fault);
       s.last_error = r.last_error;
       s.last_reason = r.last_reason;
-      s.last_change_unix_s = r.changed_unix_s;
+      s.last_change_unix_s = unix_now - static_cast<double>(now - r.changed_ns) / 1e9;
       out.push_back(std::move(s));
     }
   });
   return out;
 }
 
-void Engine::inject(int peer, int rail, Fault fault, double rate) {
+void Engine::inject(int rank, int rail, Fault fault, double rate) {
   call([&] {
-    Channel& ch = *channel(peer);
-    if (rail < 0 || rail >= static_cast<int>(ch.rails.size()))
-      throw Error(Cause::kInvalidArgument, peer, "rail " + std::to_string(rail) + " does not exist (rank " +
-                                                     std::to_string(peer) + " has " +
-                                                     std::to_string(ch.rails.size()) + " rails)");
+    Peer& pr = *peer(rank);
+    if (rail < 0 || rail >= static_cast<int>(pr.links.size()))
+      throw Error(Cause::kInvalidArgument, rank, "rail " + std::to_string(rail) + " does not exist (rank " +
+                                                     std::to_string(rank) + " has " +
+                                                     std::to_string(pr.links.size()) + " rails)");
     if (fault == Fault::kRate && !(rate > 0))
-      throw Error(Cause::kInvalidArgument, peer, "a rate fault needs a rate > 0 bytes/s");
-    Rail& r = *ch.rails[rail];
-    R2_WARN("%s: injected fault '%s'", rail_name(ch, r).c_str(), fault == Fault::kNone ? "heal" : fault_name(fault));
-    r.fault = fault;
-    r.rate_bps = rate;
-    r.tokens = 0;
-    r.tokens_ns = now_ns();
-    r.next_tx_ns = 0;
+      throw Error(Cause::kInvalidArgument, rank, "a rate fault needs a rate > 0 bytes/s");
+    Link& l = *pr.links[static_cast<size_t>(rail)];
+    Rail& r = pr.rail(rail);
+    const int64_t now = now_ns();
+    R2_WARN("%s: injected fault '%s'", pr.core->rail_name(rail).c_str(),
+            fault == Fault::kNone ? "heal" : fault_name(fault));
+    l.fault = fault;
+    l.rate_bps = rate;
+    l.tokens = 0;
+    l.tokens_ns = now;
+    l.next_tx_ns = 0;
+    r.hold_until_ns = 0;
+    pr.core->set_paused(rail, fault == Fault::kStall, now);
     if (fault == Fault::kClose && r.state != RailState::kDown)
-      fail_rail(ch, r, FailReason::kInjected, "closed by injected fault");
-    if (r.conn) set_interest(r);
+      pr.core->fail_rail(rail, FailReason::kInjected, "closed by injected fault", now);
+    if (l.conn) set_interest(l);
     if (fault == Fault::kNone) {
-      r.next_attempt_ns = 0;
-      if (r.state == RailState::kUp) {
-        // Restart the stall clocks so the paused time is not counted against the rail.
-        r.last_rx_ns = r.progress_ns = now_ns();
-        rail_writable(ch, r);
-      }
+      l.next_attempt_ns = 0;
+      if (r.state == RailState::kUp) rail_writable(pr, l);
     }
   });
 }
@@ -623,28 +570,21 @@ void Engine::set_nic_state(int nic, bool up, const std::string& why) {
     nic_down_[n] = !up;
     nic_down_why_[n] = why;
     R2_WARN("NIC %s (%s) %s: %s", nics_[n].name.c_str(), nics_[n].addr_str().c_str(), up ? "up" : "down", why.c_str());
-    for (auto& [peer, chp] : channels_) {
-      Channel& ch = *chp;
-      if (ch.dead) continue;
-      for (auto& rp : ch.rails) {
-        Rail& r = *rp;
+    const int64_t now = now_ns();
+    for (auto& [rank, prp] : peers_) {
+      Peer& pr = *prp;
+      if (pr.ch().dead) continue;
+      for (auto& lp : pr.links) {
+        Link& l = *lp;
+        Rail& r = pr.rail(l.index);
         if (r.local_nic != nic) continue;
         // Tell the peer on a live rail of another NIC: its end of this rail sees nothing
         // when the link is down on this side of a switch.
-        std::vector<uint8_t> body(kRailStateBytes);
-        store_le32(body.data(), static_cast<uint32_t>(r.index));
-        store_le32(body.data() + 4, up ? 1u : 0u);
-        for (auto& o : ch.rails)
-          if (o->state == RailState::kUp && o->local_nic != nic && o->fault != Fault::kStall) {
-            queue_ctrl(*o, FrameType::kRailState, std::move(body));
-            rail_flush(ch, *o);
-            break;
-          }
+        pr.core->send_rail_state(l.index, up, now);
         if (!up) {
-          if (r.state != RailState::kDown) fail_rail(ch, r, FailReason::kLinkDown, "link down: " + why);
+          if (r.state != RailState::kDown) pr.core->fail_rail(l.index, FailReason::kLinkDown, "link down: " + why, now);
         } else if (r.state == RailState::kDown) {
-          r.next_attempt_ns = 0;   // re-dial now (the dialling side) or on the peer's notice
-          if (ch.connector && r.fault != Fault::kClose && r.fault != Fault::kStall) start_connect(ch, r);
+          redial_link(pr, l);   // re-dial now (the dialling side) or on the peer's notice
         }
       }
     }
@@ -660,7 +600,7 @@ std::vector<NicInfo> Engine::nic_list() const {
 std::vector<int> Engine::peer_list() {
   std::vector<int> out;
   call([&] {
-    for (auto& [peer, ch] : channels_) out.push_back(peer);
+    for (auto& [rank, pr] : peers_) out.push_back(rank);
   });
   return out;
 }
@@ -668,22 +608,51 @@ std::vector<int> Engine::peer_list() {
 uint64_t Engine::staged_bytes() {
   uint64_t n = 0;
   call([&] {
-    for (auto& [peer, ch] : channels_)
-      for (auto& [id, m] : ch->inmsgs) n += m.staged_bytes();
+    for (auto& [rank, pr] : peers_) n += pr->core->staged_bytes();
   });
   return n;
 }
 
-void Engine::set_weight(int peer, int rail, double w) {
-  if (!(w >= 0) || !std::isfinite(w)) throw Error(Cause::kInvalidArgument, peer, "rail weight must be finite and >= 0");
+void Engine::set_weight(int rank, int rail, double w) {
+  if (!(w >= 0) || !std::isfinite(w)) throw Error(Cause::kInvalidArgument, rank, "rail weight must be finite and >= 0");
   call([&] {
-    Channel& ch = *channel(peer);
-    if (rail < 0 || rail >= static_cast<int>(ch.rails.size()))
-      throw Error(Cause::kInvalidArgument, peer, "rail " + std::to_string(rail) + " does not exist");
-    ch.rails[rail]->weight = w;
-    pump(ch);
+    Peer& pr = *peer(rank);
+    if (rail < 0 || rail >= static_cast<int>(pr.links.size()))
+      throw Error(Cause::kInvalidArgument, rank, "rail " + std::to_string(rail) + " does not exist");
+    pr.core->set_weight(rail, w, now_ns());
   });
 }
+
+// ---------------------------------------------------------------- requests
+
+void Engine::submit(const std::shared_ptr<Request>& req) {
+  post([this, req] {
+    auto it = peers_.find(req->peer);
+    if (it == peers_.end()) {
+      req->finish_error(Cause::kInvalidArgument, "rank " + std::to_string(req->peer) + " is not a connected peer");
+      return;
+    }
+    it->second->core->submit(req, now_ns());
+  });
+  if (stop_.load()) req->finish_error(Cause::kClosed, "the r2ccl endpoint is closed");
+}
+
+void Engine::cancel(const std::shared_ptr<Request>& req, Cause cause, const std::string& why) {
+  try {
+    call([&] {
+      auto it = peers_.find(req->peer);
+      if (it != peers_.end()) {
+        it->second->core->cancel(req, cause, why, now_ns());
+      } else if (!req->finished()) {
+        req->cancelled = true;
+        req->finish_error(cause, why);
+      }
+    });
+  } catch (const Error&) {
+    // engine closed: it no longer touches any buffer
+  }
+}
+
 
 // ---------------------------------------------------------------- Endpoint facade
 

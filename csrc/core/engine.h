@@ -1,9 +1,12 @@
 // The progress engine: one thread per endpoint that owns every socket, rail and channel.
-// Callers talk to it through posted commands; it sleeps in epoll when idle. See channel.h
-// for the state it keeps. Knows nothing of collectives or JAX.
+// Callers talk to it through posted commands; it sleeps in epoll when idle. It is the TCP
+// transport of the channels (channel.h): it dials, accepts and authenticates connections,
+// frames bytes in and out of them, keeps timers and hands frames and time to each peer's
+// ChannelCore. Knows nothing of collectives or JAX.
 #pragma once
 #include <sys/epoll.h>
 
+#include <array>
 #include <atomic>
 #include <condition_variable>
 #include <functional>
@@ -22,6 +25,14 @@
 
 namespace r2ccl {
 
+// What the engine's epoll reports: which object an fd belongs to.
+struct Pollable {
+  enum Kind { kWake, kListener, kPending, kRail } kind;
+  void* obj = nullptr;
+  int index = 0;     // listener: NIC index
+  int fd = -1;       // the fd registered, to ignore events for a replaced connection
+};
+
 // An accepted connection that has not yet proven it belongs to the job.
 struct Pending {
   std::unique_ptr<Connection> conn;
@@ -36,6 +47,48 @@ struct Pending {
   std::array<uint8_t, kNonceBytes> nonce{};
   int64_t deadline_ns = 0;
   std::string desc;
+};
+
+struct Peer;
+
+// One rail's connection and its software faults: the part of a rail that is the transport's
+// (the channel keeps the rest, channel.h).
+struct Link {
+  Peer* peer = nullptr;
+  int index = 0;
+  std::unique_ptr<Connection> conn;
+  Pollable poll{Pollable::kRail};
+  uint32_t events = 0;             // epoll interest currently registered
+  uint32_t epoch = 0;
+  bool flushing = false;           // inside rail_flush (a kick from within is a no-op)
+  // connector handshake
+  uint8_t hello[kHelloBytes];
+  int64_t attempt_deadline_ns = 0;
+  int64_t next_attempt_ns = 0;
+  bool refused = false;            // the last connect attempt was actively refused
+  Fault fault = Fault::kNone;
+  double rate_bps = 0, tokens = 0;
+  int64_t tokens_ns = 0, next_tx_ns = 0;
+};
+
+class Engine;
+
+// A peer: its channel (the socket-free state machine) and the links that carry its rails.
+// It is the channel's RailIo.
+struct Peer final : RailIo {
+  Engine* eng = nullptr;
+  int rank = 0;
+  bool connector = false;          // this side dials (and re-dials) every rail
+  std::vector<NetAddr> remote;
+  std::vector<std::unique_ptr<Link>> links;
+  std::unique_ptr<ChannelCore> core;
+  int64_t last_probe_ns = 0;       // acceptor side: last liveness probe of the peer's listener
+
+  Channel& ch() { return core->ch; }
+  Rail& rail(int i) { return *core->ch.rails[static_cast<size_t>(i)]; }
+  void kick(int rail) override;
+  void drop(int rail, bool was_up) override;
+  void redial(int rail) override;
 };
 
 class Engine {
@@ -74,6 +127,7 @@ class Engine {
   void shutdown();
 
  private:
+  friend struct Peer;
   void run();
   void run_commands();
   void on_event(Pollable* p, uint32_t ev);
@@ -89,38 +143,26 @@ class Engine {
   void pending_reject(Pending& p, const std::string& why, bool quiet = false);
   void admit(Pending& p);
 
-  // rails
-  void start_connect(Channel& ch, Rail& r);
-  void attempt_failed(Channel& ch, Rail& r, const std::string& why, bool refused);
-  void rail_up(Channel& ch, Rail& r);
-  void fail_rail(Channel& ch, Rail& r, FailReason reason, const std::string& why);
-  void rail_readable(Channel& ch, Rail& r);
-  void rail_writable(Channel& ch, Rail& r);
-  bool rail_flush(Channel& ch, Rail& r);     // false: the rail failed
-  void rail_control(Channel& ch, Rail& r);
-  InMsg* open_inmsg(Channel& ch, const FrameHeader& h);
-  void rail_data_header(Channel& ch, Rail& r);
-  void rail_data_done(Channel& ch, Rail& r);
-  void flush_acks(Channel& ch, Rail& r);
-  void queue_ctrl(Rail& r, FrameType t, std::vector<uint8_t> payload, uint64_t seq = 0);
-  void set_interest(Rail& r);
+  // links: dialling, the connector's handshake, bytes in and out
+  void start_connect(Peer& pr, Link& l);
+  void attempt_failed(Peer& pr, Link& l, const std::string& why, bool refused);
+  void link_up(Peer& pr, Link& l);
+  void handshake_frame(Peer& pr, Link& l);
+  void rail_readable(Peer& pr, Link& l);
+  void rail_writable(Peer& pr, Link& l);
+  bool rail_flush(Peer& pr, Link& l);     // false: the rail failed
+  void drop_link(Peer& pr, Link& l, bool was_up);
+  void redial_link(Peer& pr, Link& l);
+  bool may_dial(const Peer& pr, const Link& l) const;
+  void set_interest(Link& l);
   void epoll_add(int fd, Pollable* p, uint32_t ev);
   void epoll_mod(int fd, Pollable* p, uint32_t ev);
   void epoll_del(int fd);
 
-  // channels
-  Channel* channel(int peer);
-  void pump(Channel& ch);
-  bool next_chunk(Channel& ch, Chunk* c, uint64_t max_len);
-  void on_ack(Channel& ch, Rail& r, uint64_t first, uint64_t last);
-  void post_recv(Channel& ch, const std::shared_ptr<Request>& req);
-  void finish_inmsg(Channel& ch, uint64_t msg_id);
-  void redirect_to_scratch(Channel& ch, uint64_t msg_id);
-  void kill_channel(Channel& ch, Cause cause, const std::string& why);
-  void check_channel(Channel& ch, int64_t now);
-  bool probe_refused(Channel& ch);
-  std::string peer_name(const Channel& ch) const;
-  std::string rail_name(const Channel& ch, const Rail& r) const;
+  // peers
+  Peer* peer(int rank);
+  void check_peer_gone(Peer& pr, int64_t now);
+  bool probe_refused(Peer& pr);
 
   Config cfg_;
   int rank_, world_;
@@ -143,7 +185,7 @@ class Engine {
   std::mutex cmd_mu_;
   std::vector<std::function<void()>> cmds_;
 
-  std::map<int, std::unique_ptr<Channel>> channels_;
+  std::map<int, std::unique_ptr<Peer>> peers_;
   std::list<std::unique_ptr<Pending>> pendings_;
   std::vector<uint8_t> scratch_;
   std::vector<bool> nic_down_;     // held down by set_nic_state

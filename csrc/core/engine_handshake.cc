@@ -1,5 +1,6 @@
-// Rail lifecycle: accepting and authenticating connections (acceptor side), dialling and
-// re-dialling (connector side), bringing a rail up and failing it over. Engine thread only.
+// Link lifecycle: accepting and authenticating connections (acceptor side), dialling and
+// re-dialling (connector side), handing an authenticated connection to its channel as an
+// up rail. Failover itself is the channel's (ChannelCore::fail_rail). Engine thread only.
 #include "core/engine.h"
 
 #include <poll.h>
@@ -104,18 +105,19 @@ void Engine::pending_hello(Pending& p) {
     return pending_reject(p, "hello meant for rank " + std::to_string(h.to_rank));
   if (static_cast<int>(h.from_rank) >= world_ || static_cast<int>(h.from_rank) <= rank_)
     return pending_reject(p, "hello from invalid rank " + std::to_string(h.from_rank));
-  auto it = channels_.find(static_cast<int>(h.from_rank));
-  if (it == channels_.end()) {
+  auto it = peers_.find(static_cast<int>(h.from_rank));
+  if (it == peers_.end()) {
     p.parked = true;   // bootstrap race: the peer dialled before add_peer() ran here
     epoll_mod(p.conn->fd(), &p.poll, 0);
     return;
   }
-  Channel& ch = *it->second;
-  if (ch.dead) return pending_reject(p, "channel to rank " + std::to_string(ch.peer) + " is closed");
-  if (h.rail >= ch.rails.size()) return pending_reject(p, "hello names rail " + std::to_string(h.rail) + " that does not exist");
-  Rail& r = *ch.rails[h.rail];
-  if (r.local_nic != p.nic) return pending_reject(p, "rail " + std::to_string(h.rail) + " arrived on the wrong NIC");
-  if (r.fault == Fault::kClose || r.fault == Fault::kStall)
+  Peer& pr = *it->second;
+  if (pr.ch().dead) return pending_reject(p, "channel to rank " + std::to_string(pr.rank) + " is closed");
+  if (h.rail >= pr.links.size()) return pending_reject(p, "hello names rail " + std::to_string(h.rail) + " that does not exist");
+  const Link& l = *pr.links[h.rail];
+  if (pr.rail(static_cast<int>(h.rail)).local_nic != p.nic)
+    return pending_reject(p, "rail " + std::to_string(h.rail) + " arrived on the wrong NIC");
+  if (l.fault == Fault::kClose || l.fault == Fault::kStall)
     return pending_reject(p, "rail " + std::to_string(h.rail) + " is held down by an injected fault", true);
   epoll_mod(p.conn->fd(), &p.poll, EPOLLIN);
   random_bytes(p.nonce.data(), kNonceBytes);
@@ -123,7 +125,7 @@ void Engine::pending_hello(Pending& p) {
   std::vector<uint8_t> body(p.nonce.begin(), p.nonce.end());
   body.insert(body.end(), mac.begin(), mac.end());
   TxFrame f;
-  encode_frame(&f, FrameType::kChallenge, std::move(body), 0);
+  encode_control(&f, FrameType::kChallenge, std::move(body));
   iovec iov[2] = {{f.hdr, kHeaderBytes}, {f.owned.data(), f.owned.size()}};
   IoResult res = p.conn->writev(iov, 2);
   // A fresh socket has room for 128 bytes; anything else means it is already broken.
@@ -132,168 +134,77 @@ void Engine::pending_hello(Pending& p) {
 }
 
 void Engine::admit(Pending& p) {
-  Channel& ch = *channels_.at(static_cast<int>(p.hb.from_rank));
-  Rail& r = *ch.rails[p.hb.rail];
+  Peer& pr = *peers_.at(static_cast<int>(p.hb.from_rank));
+  const int idx = static_cast<int>(p.hb.rail);
+  Link& l = *pr.links[static_cast<size_t>(idx)];
+  const Rail& r = pr.rail(idx);
   if (nic_down_[static_cast<size_t>(r.local_nic)])
-    return pending_reject(p, "rail " + std::to_string(r.index) + " runs over NIC " + nics_[r.local_nic].name +
+    return pending_reject(p, "rail " + std::to_string(idx) + " runs over NIC " + nics_[r.local_nic].name +
                                  ", which is held down: " + nic_down_why_[static_cast<size_t>(r.local_nic)]);
   TxFrame f;
-  encode_frame(&f, FrameType::kWelcome, {}, 0);
+  encode_control(&f, FrameType::kWelcome, {});
   iovec iov[1] = {{f.hdr, kHeaderBytes}};
   IoResult res = p.conn->writev(iov, 1);
   if (res.kind != IoResult::kOk || res.bytes != kHeaderBytes) return pending_reject(p, "could not send welcome");
-  if (r.state != RailState::kDown) fail_rail(ch, r, FailReason::kReplaced, "replaced by a new connection from the peer");
-  r.conn = std::move(p.conn);
-  r.epoch = p.hb.epoch;
-  r.events = EPOLLIN;
-  epoll_mod(r.conn->fd(), &r.poll, EPOLLIN);
+  if (r.state != RailState::kDown)
+    pr.core->fail_rail(idx, FailReason::kReplaced, "replaced by a new connection from the peer", now_ns());
+  if (l.conn) drop_link(pr, l, false);
+  l.conn = std::move(p.conn);
+  l.epoch = p.hb.epoch;
+  l.events = EPOLLIN;
+  epoll_mod(l.conn->fd(), &l.poll, EPOLLIN);
   p.dead = true;
-  rail_up(ch, r);
+  link_up(pr, l);
 }
 
 // ---------------------------------------------------------------- connector side
 
-void Engine::start_connect(Channel& ch, Rail& r) {
+void Engine::start_connect(Peer& pr, Link& l) {
   int64_t now = now_ns();
+  const Rail& r = pr.rail(l.index);
   // A re-dial of a rail that was up before gets a short deadline: an attempt started while
   // the link was still down must not hold the rail out long after the link heals.
   int64_t deadline_ms = r.ever_up ? std::min<int64_t>(cfg_.connect_timeout_ms, std::max(250, 2 * cfg_.reprobe_ms))
                                   : cfg_.connect_timeout_ms;
-  r.attempt_deadline_ns = now + deadline_ms * kMs;
-  r.epoch++;
+  l.attempt_deadline_ns = now + deadline_ms * kMs;
+  l.epoch++;
   try {
-    r.conn = tp_->connect(nics_[r.local_nic], ch.remote[r.remote_nic], sockopt_);
+    l.conn = tp_->connect(nics_[r.local_nic], pr.remote[r.remote_nic], sockopt_);
   } catch (const Error& e) {
-    r.conn.reset();
-    attempt_failed(ch, r, e.what(), false);
+    l.conn.reset();
+    attempt_failed(pr, l, e.what(), false);
     return;
   }
   // A connect that failed at once (the NIC's route is gone: ENETUNREACH, EINVAL) is reported
   // now with its cause; waiting for readiness would only time out.
-  IoResult early = r.conn->finish_connect();
+  IoResult early = l.conn->finish_connect();
   if (early.kind == IoResult::kError) {
     const int err = early.err;
-    r.conn.reset();
-    attempt_failed(ch, r, std::string("connect: ") + std::strerror(err), err == ECONNREFUSED);
+    l.conn.reset();
+    attempt_failed(pr, l, std::string("connect: ") + std::strerror(err), err == ECONNREFUSED);
     return;
   }
-  r.state = RailState::kConnecting;
-  r.events = EPOLLOUT | EPOLLIN;
-  epoll_add(r.conn->fd(), &r.poll, r.events);
+  pr.core->link_state(l.index, RailState::kConnecting);
+  l.events = EPOLLOUT | EPOLLIN;
+  epoll_add(l.conn->fd(), &l.poll, l.events);
 }
 
-void Engine::attempt_failed(Channel& ch, Rail& r, const std::string& why, bool refused) {
-  if (r.conn) {
-    epoll_del(r.conn->fd());
-    r.conn.reset();
+void Engine::attempt_failed(Peer& pr, Link& l, const std::string& why, bool refused) {
+  if (l.conn) {
+    epoll_del(l.conn->fd());
+    l.conn.reset();
   }
-  r.rx.reset();
-  r.state = RailState::kDown;
-  r.refused = refused;
-  r.last_error = why;
-  r.next_attempt_ns = now_ns() + cfg_.reprobe_ms * kMs;
-  R2_INFO("%s: connection attempt failed: %s", rail_name(ch, r).c_str(), why.c_str());
+  l.events = 0;
+  pr.core->link_state(l.index, RailState::kDown, why);
+  l.refused = refused;
+  l.next_attempt_ns = now_ns() + cfg_.reprobe_ms * kMs;
+  R2_INFO("%s: connection attempt failed: %s", pr.core->rail_name(l.index).c_str(), why.c_str());
 }
 
-void Engine::rail_up(Channel& ch, Rail& r) {
-  int64_t now = now_ns();
-  if (r.ever_up) {
-    r.recoveries++;
-    R2_WARN("%s recovered (failback)", rail_name(ch, r).c_str());
-  } else {
-    R2_INFO("%s up", rail_name(ch, r).c_str());
-  }
-  r.state = RailState::kUp;
-  r.ever_up = true;
-  r.closed_by_peer = false;
-  r.refused = false;
-  r.last_rx_ns = r.last_tx_ns = r.last_ack_ns = r.progress_ns = r.changed_ns = now;
-  r.changed_unix_s = unix_time_s();
-  r.vtime = ch.vclock;
-  r.cur = TxFrame();
-  r.ctrl.clear();
-  r.rx.reset();
-  r.inflight = 0;
-  ch.all_down_since = 0;
-  set_interest(r);
-  pump(ch);
-}
-
-void Engine::fail_rail(Channel& ch, Rail& r, FailReason reason, const std::string& why) {
-  if (r.state == RailState::kDown) return;
-  const bool by_peer = reason == FailReason::kClosedByPeer;
-  r.last_reason = fail_reason_name(reason);
-  // A frame that breaks the protocol would be re-sent on the next rail and break it too:
-  // after a few, the peer is not to be trusted and the channel ends with a clear error.
-  if (reason == FailReason::kProtocol || reason == FailReason::kChecksum) {
-    if (++ch.protocol_errors >= 8) {
-      kill_channel(ch, Cause::kProtocol, "rank " + std::to_string(ch.peer) + " keeps violating the wire protocol (" +
-                                             std::to_string(ch.protocol_errors) + " times); last: " + why);
-      return;
-    }
-  }
-  if (r.state != RailState::kUp) {
-    attempt_failed(ch, r, why, false);   // only ECONNREFUSED counts as a refusal
-    return;
-  }
-  int64_t now = now_ns();
-  R2_LOG(ch.bye_received ? LogLevel::kInfo : LogLevel::kWarn,
-         "%s failed: %s; %zu unacknowledged chunk(s) move to other rails", rail_name(ch, r).c_str(),
-          why.c_str(), static_cast<size_t>(std::count_if(ch.window.begin(), ch.window.end(), [&](auto& kv) {
-            return kv.second.rail == r.index;
-          })));
-  if (r.conn) {
-    epoll_del(r.conn->fd());
-    r.conn->shutdown();
-    r.conn.reset();
-  }
-  r.state = RailState::kDown;
-  r.failures++;
-  r.closed_by_peer = by_peer;
-  r.last_error = why;
-  r.changed_ns = now;
-  r.changed_unix_s = unix_time_s();
-  r.next_attempt_ns = now + cfg_.reprobe_ms * kMs;
-  // Acks this rail still owed the peer go out on another rail.
-  auto salvage_acks = [&](const TxFrame& f) {
-    if (!f.is_ack) return;
-    for (size_t i = 0; i + kAckRangeBytes <= f.owned.size(); i += kAckRangeBytes)
-      ch.orphan_acks.push_back({load_le64(f.owned.data() + i), load_le64(f.owned.data() + i + 8)});
-  };
-  if (r.cur.active) salvage_acks(r.cur);
-  for (auto& f : r.ctrl) salvage_acks(f);
-  ch.orphan_acks.insert(ch.orphan_acks.end(), r.acks.begin(), r.acks.end());
-  r.acks.clear();
-  r.cur = TxFrame();
-  r.ctrl.clear();
-  r.rx.reset();
-  r.inflight = 0;
-  r.pace.on_idle();
-  if (r.busy_since_ns) r.busy_ns += now - r.busy_since_ns;
-  r.busy_since_ns = 0;
-  // Lossless: every chunk this rail had not had acknowledged is sent again elsewhere.
-  std::vector<Chunk> moved;
-  for (auto it = ch.window.begin(); it != ch.window.end();) {
-    if (it->second.rail == r.index) {
-      moved.push_back(std::move(it->second));
-      it = ch.window.erase(it);
-    } else {
-      ++it;
-    }
-  }
-  for (auto it = moved.rbegin(); it != moved.rend(); ++it) {
-    it->resend = true;
-    it->rail = -1;
-    ch.retx.push_front(std::move(*it));
-  }
-  if (ch.rails_up() == 0 && ch.all_down_since == 0) ch.all_down_since = now;
-  pump(ch);
-  // Orphaned acks may have found a rail in pump(); flush them on any live rail.
-  for (auto& o : ch.rails)
-    if (o->state == RailState::kUp && !ch.orphan_acks.empty()) {
-      flush_acks(ch, *o);
-      break;
-    }
+void Engine::link_up(Peer& pr, Link& l) {
+  l.refused = false;
+  pr.core->rail_up(l.index, now_ns());
+  set_interest(l);
 }
 
 }  // namespace r2ccl

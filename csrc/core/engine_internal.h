@@ -18,7 +18,6 @@ namespace r2ccl {
 namespace detail {
 constexpr int64_t kMs = 1000000;
 constexpr size_t kMaxPendings = 64;
-constexpr uint64_t kMinChunkBytes = 16 << 10;   // smallest chunk a low-weight rail is dealt
 constexpr char kAcceptorLabel[] = "r2ccl-v1-acceptor";
 constexpr char kConnectorLabel[] = "r2ccl-v1-connector";
 
@@ -50,21 +49,6 @@ inline const char* fault_name(Fault f) {
   return "?";
 }
 
-inline void encode_frame(TxFrame* f, FrameType t, std::vector<uint8_t> payload, uint64_t seq) {
-  FrameHeader h;
-  h.type = t;
-  h.payload_len = static_cast<uint32_t>(payload.size());
-  h.seq = seq;
-  f->owned = std::move(payload);
-  encode_header(h, f->hdr);
-  f->payload = f->owned.data();
-  f->payload_len = f->owned.size();
-  f->done = 0;
-  f->active = true;
-  f->is_data = false;
-  f->is_ack = t == FrameType::kAck;
-}
-
 // Reads into rx.hdr until a whole header is there. Returns kOk when complete.
 inline IoResult read_header(Connection& c, RxFrame& rx) {
   while (rx.hdr_got < kHeaderBytes) {
@@ -73,15 +57,6 @@ inline IoResult read_header(Connection& c, RxFrame& rx) {
     rx.hdr_got += res.bytes;
   }
   return {IoResult::kOk, 0, 0};
-}
-
-inline std::string size_mismatch(int peer, uint64_t sent, uint64_t tag, uint64_t expects) {
-  return "rank " + std::to_string(peer) + " sent " + std::to_string(sent) + " bytes with tag " + std::to_string(tag) +
-         " but this receive expects " + std::to_string(expects);
-}
-
-inline std::string abandoned(int peer) {
-  return "rank " + std::to_string(peer) + " abandoned this message (its send was cancelled or timed out)";
 }
 
 }  // namespace detail

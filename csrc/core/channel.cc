@@ -1,0 +1,862 @@
+// The channel state machine (channel.h): dealing chunks to rails by weight, acks, placing
+// data exactly once, retransmitting what a failed rail held, matching and cancelling
+// requests, stall and silence detection, and ending a channel. Time comes in as arguments;
+// frames leave through each rail's queue and RailIo::kick.
+#include "core/channel.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "base/log.h"
+#include "core/digest.h"
+
+// Tests only (tests/cpp/CMakeLists: test_channel_sim_planted_*): a deliberate bug, to show
+// the deterministic suite catches it. 1: a duplicate chunk is applied again (no dedup).
+// 2: a failed rail's oldest unacknowledged chunk is forgotten (no retransmit).
+#ifndef R2CCL_PLANT_FAULT
+#define R2CCL_PLANT_FAULT 0
+#endif
+
+namespace r2ccl {
+
+namespace {
+constexpr int64_t kMs = 1000000;
+constexpr uint64_t kMinChunkBytes = 16 << 10;   // smallest chunk a low-weight rail is dealt
+constexpr int kMaxProtocolErrors = 8;
+
+std::string size_mismatch(int peer, uint64_t sent, uint64_t tag, uint64_t expects) {
+  return "rank " + std::to_string(peer) + " sent " + std::to_string(sent) + " bytes with tag " + std::to_string(tag) +
+         " but this receive expects " + std::to_string(expects);
+}
+
+std::string abandoned(int peer) {
+  return "rank " + std::to_string(peer) + " abandoned this message (its send was cancelled or timed out)";
+}
+}  // namespace
+
+const char* rail_state_name(RailState s) {
+  switch (s) {
+    case RailState::kConnecting: return "connecting";
+    case RailState::kHandshake: return "handshake";
+    case RailState::kUp: return "up";
+    case RailState::kDown: return "down";
+  }
+  return "?";
+}
+
+void encode_control(TxFrame* f, FrameType t, std::vector<uint8_t> payload, uint64_t seq) {
+  FrameHeader h;
+  h.type = t;
+  h.payload_len = static_cast<uint32_t>(payload.size());
+  h.seq = seq;
+  f->owned = std::move(payload);
+  encode_header(h, f->hdr);
+  f->payload = f->owned.data();
+  f->payload_len = f->owned.size();
+  f->done = 0;
+  f->active = true;
+  f->is_data = false;
+  f->is_ack = t == FrameType::kAck;
+}
+
+ChannelSettings ChannelSettings::from(const Config& cfg) {
+  ChannelSettings s;
+  s.crc = cfg.crc;
+  s.stall_ns = cfg.stall_ms * kMs;
+  s.heartbeat_ns = cfg.heartbeat_ms * kMs;
+  s.heartbeat_misses = cfg.heartbeat_misses;
+  s.timeout_ns = static_cast<int64_t>(cfg.timeout_s * 1e9);
+  s.pace.max_window = cfg.rail_window_bytes;
+  s.pace.max_chunk = cfg.chunk_bytes;
+  s.pace.min_chunk = kMinChunkBytes;
+  s.pace.min_window = 2 * kMinChunkBytes;
+  s.pace.target_ns = cfg.rail_queue_ms * kMs;
+  return s;
+}
+
+ChannelCore::ChannelCore(int peer, std::string peer_name, std::vector<std::string> rail_names,
+                         const std::vector<std::pair<int, int>>& nic_pairs, const ChannelSettings& set, RailIo* io,
+                         int64_t now)
+    : peer_name_(std::move(peer_name)), rail_names_(std::move(rail_names)), set_(set), io_(io) {
+  ch.peer = peer;
+  for (size_t i = 0; i < nic_pairs.size(); i++) {
+    auto r = std::make_unique<Rail>();
+    r->index = static_cast<int>(i);
+    r->local_nic = nic_pairs[i].first;
+    r->remote_nic = nic_pairs[i].second;
+    r->pace = RailPace(set.pace);
+    r->changed_ns = now;
+    ch.rails.push_back(std::move(r));
+  }
+  rail_names_.resize(nic_pairs.size());
+}
+
+uint64_t ChannelCore::staged_bytes() const {
+  uint64_t n = 0;
+  for (auto& [id, m] : ch.inmsgs) n += m.staged_bytes();
+  return n;
+}
+
+void ChannelCore::queue_ctrl(Rail& r, FrameType t, std::vector<uint8_t> payload, uint64_t seq) {
+  TxFrame f;
+  encode_control(&f, t, std::move(payload), seq);
+  transport_frame(r.index, std::move(f));
+}
+
+void ChannelCore::frame_written(int rail, int64_t now) {
+  Rail& r = *ch.rails[static_cast<size_t>(rail)];
+  r.last_tx_ns = now;
+  if (r.cur.is_data) {
+    r.tx_bytes += r.cur.payload_len;
+    r.tx_chunks++;
+  }
+  r.cur = TxFrame();
+  if (!r.ctrl.empty()) {
+    r.cur = std::move(r.ctrl.front());
+    r.ctrl.pop_front();
+  }
+}
+
+void ChannelCore::transport_frame(int rail, TxFrame f) {
+  Rail& r = *ch.rails[static_cast<size_t>(rail)];
+  if (!r.cur.active)
+    r.cur = std::move(f);
+  else
+    r.ctrl.push_back(std::move(f));
+}
+
+void ChannelCore::link_state(int rail, RailState s, const std::string& why) {
+  Rail& r = *ch.rails[static_cast<size_t>(rail)];
+  r.state = s;
+  if (s == RailState::kDown) {
+    r.last_error = why;
+    r.rx.reset();
+  }
+  if (s == RailState::kHandshake) {
+    r.cur = TxFrame();
+    r.ctrl.clear();
+  }
+}
+
+// ---------------------------------------------------------------- rails
+
+void ChannelCore::rail_up(int rail, int64_t now) {
+  Rail& r = *ch.rails[static_cast<size_t>(rail)];
+  if (r.ever_up) {
+    r.recoveries++;
+    R2_WARN("%s recovered (failback)", rail_name(rail).c_str());
+  } else {
+    R2_INFO("%s up", rail_name(rail).c_str());
+  }
+  r.state = RailState::kUp;
+  r.ever_up = true;
+  r.closed_by_peer = false;
+  r.last_rx_ns = r.last_tx_ns = r.last_ack_ns = r.progress_ns = r.changed_ns = now;
+  r.vtime = ch.vclock;
+  r.cur = TxFrame();
+  r.ctrl.clear();
+  r.rx.reset();
+  r.inflight = 0;
+  ch.all_down_since = 0;
+  pump(now);
+}
+
+void ChannelCore::set_paused(int rail, bool paused, int64_t now) {
+  Rail& r = *ch.rails[static_cast<size_t>(rail)];
+  r.paused = paused;
+  // Restart the stall clocks so the paused time is not counted against the rail.
+  if (!paused && r.state == RailState::kUp) r.last_rx_ns = r.progress_ns = now;
+}
+
+void ChannelCore::fail_rail(int rail, FailReason reason, const std::string& why, int64_t now) {
+  Rail& r = *ch.rails[static_cast<size_t>(rail)];
+  if (r.state == RailState::kDown || ch.dead) return;
+  r.last_reason = fail_reason_name(reason);
+  // A frame that breaks the protocol would be re-sent on the next rail and break it too:
+  // after a few, the peer is not to be trusted and the channel ends with a clear error.
+  if (reason == FailReason::kProtocol || reason == FailReason::kChecksum) {
+    if (++ch.protocol_errors >= kMaxProtocolErrors) {
+      kill(Cause::kProtocol, "rank " + std::to_string(ch.peer) + " keeps violating the wire protocol (" +
+                                 std::to_string(ch.protocol_errors) + " times); last: " + why);
+      return;
+    }
+  }
+  if (r.state != RailState::kUp) {
+    R2_INFO("%s: connection attempt failed: %s", rail_name(rail).c_str(), why.c_str());
+    r.state = RailState::kDown;
+    r.last_error = why;
+    r.rx.reset();
+    io_->drop(rail, false);
+    return;
+  }
+  R2_LOG(ch.bye_received ? LogLevel::kInfo : LogLevel::kWarn,
+         "%s failed: %s; %zu unacknowledged chunk(s) move to other rails", rail_name(rail).c_str(), why.c_str(),
+         static_cast<size_t>(std::count_if(ch.window.begin(), ch.window.end(),
+                                           [&](auto& kv) { return kv.second.rail == r.index; })));
+  r.state = RailState::kDown;
+  r.failures++;
+  r.closed_by_peer = reason == FailReason::kClosedByPeer;
+  r.last_error = why;
+  r.changed_ns = now;
+  // Acks this rail still owed the peer go out on another rail.
+  auto salvage_acks = [&](const TxFrame& f) {
+    if (!f.is_ack) return;
+    for (size_t i = 0; i + kAckRangeBytes <= f.owned.size(); i += kAckRangeBytes)
+      ch.orphan_acks.push_back({load_le64(f.owned.data() + i), load_le64(f.owned.data() + i + 8)});
+  };
+  if (r.cur.active) salvage_acks(r.cur);
+  for (auto& f : r.ctrl) salvage_acks(f);
+  ch.orphan_acks.insert(ch.orphan_acks.end(), r.acks.begin(), r.acks.end());
+  r.acks.clear();
+  r.cur = TxFrame();
+  r.ctrl.clear();
+  r.rx.reset();
+  r.inflight = 0;
+  r.pace.on_idle();
+  if (r.busy_since_ns) r.busy_ns += now - r.busy_since_ns;
+  r.busy_since_ns = 0;
+  io_->drop(rail, true);
+  // Lossless: every chunk this rail had not had acknowledged is sent again elsewhere.
+  std::vector<Chunk> moved;
+  for (auto it = ch.window.begin(); it != ch.window.end();) {
+    if (it->second.rail == r.index) {
+      moved.push_back(std::move(it->second));
+      it = ch.window.erase(it);
+    } else {
+      ++it;
+    }
+  }
+#if R2CCL_PLANT_FAULT == 2
+  if (!moved.empty()) moved.erase(moved.begin());
+#endif
+  for (auto it = moved.rbegin(); it != moved.rend(); ++it) {
+    it->resend = true;
+    it->rail = -1;
+    ch.retx.push_front(std::move(*it));
+  }
+  if (ch.rails_up() == 0 && ch.all_down_since == 0) ch.all_down_since = now;
+  pump(now);
+  // Orphaned acks may have found a rail in pump(); flush them on any live rail.
+  for (auto& o : ch.rails)
+    if (o->state == RailState::kUp && !o->paused && !ch.orphan_acks.empty()) {
+      flush_acks(*o);
+      break;
+    }
+}
+
+void ChannelCore::send_rail_state(int rail, bool up, int64_t now) {
+  (void)now;
+  const Rail& r = *ch.rails[static_cast<size_t>(rail)];
+  std::vector<uint8_t> body(kRailStateBytes);
+  store_le32(body.data(), static_cast<uint32_t>(r.index));
+  store_le32(body.data() + 4, up ? 1u : 0u);
+  for (auto& o : ch.rails)
+    if (o->state == RailState::kUp && o->local_nic != r.local_nic && !o->paused) {
+      queue_ctrl(*o, FrameType::kRailState, std::move(body));
+      io_->kick(o->index);
+      return;
+    }
+}
+
+void ChannelCore::goodbye() {
+  for (auto& r : ch.rails)
+    if (r->state == RailState::kUp) {
+      queue_ctrl(*r, FrameType::kBye, {});
+      io_->kick(r->index);
+    }
+}
+
+// ---------------------------------------------------------------- dealing and acks
+
+bool ChannelCore::next_chunk(Chunk* c, uint64_t max_len) {
+  while (!ch.retx.empty()) {
+    *c = std::move(ch.retx.front());
+    ch.retx.pop_front();
+    if (c->req->finished() && !c->void_) continue;   // cancelled meanwhile
+    return true;
+  }
+  while (!ch.sendq.empty()) {
+    auto& req = ch.sendq.front();
+    if (req->cancelled) {
+      ch.sendq.pop_front();
+      continue;
+    }
+    uint64_t len = std::min<uint64_t>(max_len, req->len - req->next_offset);
+    c->seq = ch.next_seq++;
+    c->req = req;
+    c->offset = req->next_offset;
+    c->len = static_cast<uint32_t>(len);
+    c->resend = false;
+    c->void_ = false;
+    req->next_offset += len;
+    req->chunks_cut++;
+    if (req->next_offset == req->len) {
+      req->fully_cut = true;
+      ch.sendq.pop_front();
+    }
+    return true;
+  }
+  return false;
+}
+
+void ChannelCore::pump(int64_t now) {
+  if (ch.dead) return;
+  // Weighted fair dealing: among rails free to take a chunk, the one furthest behind its
+  // share (bytes / weight) gets it. Each rail's window and chunk size follow its measured
+  // bandwidth (RailPace: about R2CCL_RAIL_QUEUE_MS of its own traffic), so when every rail is
+  // window-bound (the sender outruns the network or the receiver) the split follows what
+  // each rail delivers; a rail that cannot keep up is skipped rather than waited for, so it
+  // never sets the pace.
+  for (;;) {
+    Rail* best = nullptr;
+    double best_vt = 0;
+    for (auto& rp : ch.rails) {
+      Rail& r = *rp;
+      if (r.state != RailState::kUp || r.paused || r.cur.active || !r.ctrl.empty()) continue;
+      if (r.weight <= 0) continue;
+      const uint64_t chunk = r.pace.chunk();
+      if (r.inflight > 0 && r.inflight + chunk > r.pace.window()) continue;
+      if (r.hold_until_ns > now) continue;
+      // A rail that was busy keeps up to one window of credit, so it catches up when free.
+      double vt = std::max(r.vtime, ch.vclock - static_cast<double>(r.pace.window()));
+      if (!best || vt < best_vt) {
+        best = &r;
+        best_vt = vt;
+      }
+    }
+    if (!best) return;
+    Rail& r = *best;
+    Chunk c;
+    if (!next_chunk(&c, r.pace.chunk())) return;
+    if (c.void_) {
+      c.len = 0;
+      c.offset = 0;
+    }
+    ch.vclock = std::max(ch.vclock, best_vt);
+    r.vtime = best_vt + static_cast<double>(std::max<uint32_t>(c.len, 1)) / r.weight;
+    if (r.inflight == 0) r.progress_ns = now;
+    if (r.inflight == 0 && c.len > 0) r.busy_since_ns = now;
+    if (c.len > 0) r.pace.on_deal(now, r.inflight == 0);
+    c.dealt_ns = now;
+    r.inflight += c.len;
+    if (c.resend) r.retransmitted++;
+    c.rail = r.index;
+    FrameHeader h;
+    h.type = FrameType::kData;
+    h.payload_len = c.len;
+    h.seq = c.seq;
+    h.msg_id = c.req->msg_id;
+    h.tag = c.req->tag;
+    h.offset = c.offset;
+    h.msg_len = c.req->len;
+    h.tag_seq = c.req->tag_seq;
+    const uint8_t* payload = c.req->buf + c.offset;
+    if (c.void_) h.flags |= kFlagAbort;
+    if (set_.crc && c.len > 0) {
+      h.flags |= kFlagPayloadCrc;
+      h.payload_crc = crc32c(payload, c.len);
+    }
+    r.cur = TxFrame();
+    encode_header(h, r.cur.hdr);
+    r.cur.payload = payload;
+    r.cur.payload_len = c.len;
+    r.cur.active = true;
+    r.cur.is_data = true;
+    r.cur.seq = c.seq;
+    R2_TRACE("deal seq %lu len %u to rail %d (inflight %lu)", (unsigned long)c.seq, c.len, r.index, (unsigned long)r.inflight);
+    ch.window.emplace(c.seq, std::move(c));
+    io_->kick(r.index);
+  }
+}
+
+void ChannelCore::on_ack(uint64_t first, uint64_t last, int64_t now) {
+  for (auto it = ch.window.lower_bound(first); it != ch.window.end() && it->first < last;) {
+    Chunk& c = it->second;
+    if (c.rail >= 0) {
+      Rail& carrier = *ch.rails[static_cast<size_t>(c.rail)];
+      carrier.inflight -= std::min<uint64_t>(carrier.inflight, c.len);
+      carrier.acked_bytes += c.len;
+      if (c.len > 0) carrier.pace.on_ack(now, c.len, c.resend ? 0 : c.dealt_ns, carrier.inflight);
+      if (carrier.inflight == 0 && carrier.busy_since_ns) {
+        carrier.busy_ns += now - carrier.busy_since_ns;
+        carrier.busy_since_ns = 0;
+      }
+      carrier.progress_ns = now;
+      carrier.last_ack_ns = now;
+    }
+    auto req = c.req;
+    it = ch.window.erase(it);
+    if (req->finished()) continue;
+    req->chunks_acked++;
+    if (req->fully_cut && req->chunks_acked == req->chunks_cut) {
+      req->finish_ok();
+      ch.sends.erase(std::remove(ch.sends.begin(), ch.sends.end(), req), ch.sends.end());
+    }
+  }
+}
+
+void ChannelCore::set_weight(int rail, double w, int64_t now) {
+  ch.rails[static_cast<size_t>(rail)]->weight = w;
+  pump(now);
+}
+
+// ---------------------------------------------------------------- frames in
+
+bool ChannelCore::on_header(int rail, int64_t now) {
+  Rail& r = *ch.rails[static_cast<size_t>(rail)];
+  RxFrame& rx = r.rx;
+  r.last_rx_ns = now;
+  rx.in_payload = true;
+  rx.got = 0;
+  const FrameHeader& h = rx.h;
+  if (h.type != FrameType::kData) {
+    rx.ctrl.resize(h.payload_len);
+    rx.dest = rx.ctrl.data();
+    return true;
+  }
+  // Decides where a data chunk's payload goes: the receive's buffer, staging, or nowhere.
+  rx.scratch = true;
+  if (ch.seq_applied(h.seq) || h.payload_len == 0) return true;
+  InMsg* m = open_inmsg(h);
+  if (m->tag != h.tag || m->tag_seq != h.tag_seq || m->len != h.msg_len) {
+    fail_rail(rail, FailReason::kProtocol, "protocol error: chunk disagrees with its message", now);
+    return false;
+  }
+  if (m->discard || m->aborted) return true;
+  rx.scratch = false;
+  // A message that began unexpected keeps landing in staging until whole (chunks already
+  // there are copied once at completion); one whose receive came first lands in place.
+  if (m->staged) {
+    auto& v = m->chunks[h.offset];
+    v.clear();
+    rx.grow = &v;
+    rx.dest = nullptr;
+  } else {
+    rx.dest = m->req->buf + h.offset;
+  }
+  return true;
+}
+
+void ChannelCore::on_frame(int rail, int64_t now) {
+  Rail& r = *ch.rails[static_cast<size_t>(rail)];
+  r.last_rx_ns = now;
+  if (r.rx.h.type == FrameType::kData)
+    data_frame(r);
+  else
+    control_frame(r, now);
+  r.rx.reset();
+}
+
+void ChannelCore::rx_idle(int rail, int64_t now) {
+  (void)now;
+  Rail& r = *ch.rails[static_cast<size_t>(rail)];
+  if (r.state == RailState::kUp) flush_acks(r);
+}
+
+// The receive state of the message a data chunk belongs to, created on its first chunk:
+// matched to the posted receive with the same (tag, k-th), or staged until one is posted.
+InMsg* ChannelCore::open_inmsg(const FrameHeader& h) {
+  auto it = ch.inmsgs.find(h.msg_id);
+  if (it != ch.inmsgs.end()) return &it->second;
+  InMsg m;
+  m.tag = h.tag;
+  m.tag_seq = h.tag_seq;
+  m.len = h.msg_len;
+  m.aborted = (h.flags & kFlagAbort) != 0;
+  auto key = std::make_pair(h.tag, h.tag_seq);
+  auto p = ch.posted.find(key);
+  if (p != ch.posted.end()) {
+    auto req = p->second;
+    ch.posted.erase(p);
+    if (req->len != h.msg_len) {
+      req->finish_error(Cause::kMismatch, size_mismatch(ch.peer, h.msg_len, h.tag, req->len));
+      m.discard = true;
+    } else {
+      m.req = req;
+    }
+  } else {
+    m.staged = !m.aborted;
+    ch.unexpected[key] = h.msg_id;
+  }
+  return &ch.inmsgs.emplace(h.msg_id, std::move(m)).first->second;
+}
+
+void ChannelCore::data_frame(Rail& r) {
+  RxFrame& rx = r.rx;
+  const FrameHeader& h = rx.h;
+  bool was_applied = ch.seq_applied(h.seq);
+#if R2CCL_PLANT_FAULT == 1
+  was_applied = false;
+#endif
+  if (rx.grow) rx.grow->resize(h.payload_len);   // (reads may have left it one step ahead)
+  const uint8_t* payload = rx.grow ? rx.grow->data() : rx.dest;
+  if (!was_applied && !rx.scratch && (h.flags & kFlagPayloadCrc) &&
+      crc32c(payload, h.payload_len) != h.payload_crc) {
+    fail_rail(r.index, FailReason::kChecksum, "payload CRC32C mismatch", r.last_rx_ns);
+    return;
+  }
+  if (set_.crc && !(h.flags & kFlagPayloadCrc) && h.payload_len > 0) {
+    fail_rail(r.index, FailReason::kProtocol, "protocol error: R2CCL_CRC is on here but the peer sent no checksum",
+              r.last_rx_ns);
+    return;
+  }
+  if (!r.acks.empty() && r.acks.back().second == h.seq)
+    r.acks.back().second++;
+  else
+    r.acks.push_back({h.seq, h.seq + 1});
+  if (was_applied) return;
+  ch.mark_applied(h.seq);
+  r.rx_bytes += h.payload_len;
+  r.rx_chunks++;
+  InMsg* m = open_inmsg(h);
+  if (h.flags & kFlagAbort) m->aborted = true;
+  m->received += h.payload_len;
+  if (m->aborted && m->req) {
+    m->req->finish_error(Cause::kTimeout, abandoned(ch.peer));
+    m->req.reset();
+    m->discard = true;
+    redirect_to_scratch(h.msg_id);
+    return;
+  }
+  if (!m->aborted && m->received == m->len) finish_inmsg(h.msg_id);
+}
+
+void ChannelCore::control_frame(Rail& r, int64_t now) {
+  const FrameHeader& h = r.rx.h;
+  const std::vector<uint8_t>& body = r.rx.ctrl;
+  switch (h.type) {
+    case FrameType::kAck: {
+      r.last_ack_ns = now;
+      for (size_t i = 0; i < h.seq; i++) {
+        uint64_t a = load_le64(body.data() + i * kAckRangeBytes);
+        uint64_t b = load_le64(body.data() + i * kAckRangeBytes + 8);
+        if (a >= b || b > ch.next_seq) {
+          fail_rail(r.index, FailReason::kProtocol, "protocol error: ack range outside what was sent", now);
+          return;
+        }
+        on_ack(a, b, now);
+      }
+      pump(now);
+      return;
+    }
+    case FrameType::kHeartbeat: {
+      std::vector<uint8_t> echo(kHeartbeatBytes);
+      store_le64(echo.data(), static_cast<uint64_t>(now));
+      std::memcpy(echo.data() + 8, body.data(), 8);
+      queue_ctrl(r, FrameType::kHeartbeatAck, std::move(echo));
+      io_->kick(r.index);
+      return;
+    }
+    case FrameType::kHeartbeatAck: {
+      // Liveness is last_rx_ns; the round trip is a sample for the health monitor. The echoed
+      // clock is our own, so only a value in the past is believed.
+      int64_t sent = static_cast<int64_t>(load_le64(body.data() + 8));
+      if (sent > 0 && sent <= now && now - sent < 60 * 1000 * kMs) r.rtt_ns = now - sent;
+      return;
+    }
+    case FrameType::kRailState: {
+      uint32_t idx = load_le32(body.data());
+      bool up = load_le32(body.data() + 4) != 0;
+      if (idx >= ch.rails.size()) {
+        fail_rail(r.index, FailReason::kProtocol,
+                  "protocol error: rail state for rail " + std::to_string(idx) + " that does not exist", now);
+        return;
+      }
+      Rail& t = *ch.rails[idx];
+      if (!up) {
+        if (&t != &r && t.state != RailState::kDown)
+          fail_rail(t.index, FailReason::kPeerLinkDown, "rank " + std::to_string(ch.peer) + " reports its link down",
+                    now);
+      } else if (t.state == RailState::kDown) {
+        io_->redial(t.index);
+      }
+      return;
+    }
+    case FrameType::kBye:
+      R2_INFO("rank %d said goodbye on %s", ch.peer, rail_name(r.index).c_str());
+      ch.bye_received = true;
+      return;
+    default:
+      fail_rail(r.index, FailReason::kProtocol, "protocol error: handshake frame on an established rail", now);
+      return;
+  }
+}
+
+void ChannelCore::finish_inmsg(uint64_t msg_id) {
+  auto it = ch.inmsgs.find(msg_id);
+  InMsg& m = it->second;
+  m.complete = true;
+  if (m.discard) {
+    ch.inmsgs.erase(it);
+    return;
+  }
+  if (!m.req) return;   // unexpected: waits for its receive
+  if (m.staged && m.req->len == m.len)
+    for (auto& [off, v] : m.chunks)
+      if (!v.empty()) std::memcpy(m.req->buf + off, v.data(), v.size());   // inside: decode_header checked
+  if (m.req->len != m.len)
+    m.req->finish_error(Cause::kMismatch, size_mismatch(ch.peer, m.len, m.tag, m.req->len));
+  else
+    m.req->finish_ok();
+  redirect_to_scratch(msg_id);
+  ch.inmsgs.erase(it);
+}
+
+// A message is finished or abandoned: copies still arriving on other rails must not touch
+// its buffer any more (the caller may already be reusing it).
+void ChannelCore::redirect_to_scratch(uint64_t msg_id) {
+  for (auto& o : ch.rails)
+    if (o->rx.in_payload && o->rx.h.type == FrameType::kData && o->rx.h.msg_id == msg_id) {
+      o->rx.scratch = true;
+      o->rx.grow = nullptr;   // its staging is about to go
+    }
+}
+
+void ChannelCore::flush_acks(Rail& r) {
+  // Every ack frame also carries the cumulative point [1, rx_cum): chunks whose own ack is
+  // stuck behind a dead rail are released by acks travelling on any other rail.
+  if (!r.acks.empty() || !ch.orphan_acks.empty()) {
+    if (ch.rx_cum > 1) r.acks.insert(r.acks.begin(), {1, ch.rx_cum});
+    r.cum_sent = ch.rx_cum;
+  }
+  auto& src = !ch.orphan_acks.empty() && r.acks.empty() ? ch.orphan_acks : r.acks;
+  if (!ch.orphan_acks.empty() && &src == &r.acks) {
+    r.acks.insert(r.acks.end(), ch.orphan_acks.begin(), ch.orphan_acks.end());
+    ch.orphan_acks.clear();
+  }
+  while (!src.empty()) {
+    size_t n = std::min(src.size(), kMaxAckRanges);
+    std::vector<uint8_t> body(n * kAckRangeBytes);
+    for (size_t i = 0; i < n; i++) {
+      store_le64(body.data() + i * kAckRangeBytes, src[i].first);
+      store_le64(body.data() + i * kAckRangeBytes + 8, src[i].second);
+    }
+    src.erase(src.begin(), src.begin() + static_cast<long>(n));
+    queue_ctrl(r, FrameType::kAck, std::move(body), n);
+  }
+  if (r.cur.active) io_->kick(r.index);
+}
+
+// ---------------------------------------------------------------- requests
+
+void ChannelCore::submit(const std::shared_ptr<Request>& req, int64_t now) {
+  if (ch.dead) {
+    if (req->kind == Request::kRecv &&
+        ch.unexpected.count({req->tag, ch.rx_tag_seq.count(req->tag) ? ch.rx_tag_seq[req->tag] : 0u})) {
+      post_recv(req);   // arrived whole before the peer left
+      return;
+    }
+    req->finish_error(ch.dead_cause, ch.dead_msg);
+    return;
+  }
+  req->posted_ns = now;
+  if (req->kind == Request::kSend) {
+    req->msg_id = ch.next_msg_id++;
+    req->tag_seq = ch.tx_tag_seq[req->tag]++;
+    ch.sendq.push_back(req);
+    ch.sends.push_back(req);
+    pump(now);
+  } else {
+    post_recv(req);
+  }
+}
+
+void ChannelCore::post_recv(const std::shared_ptr<Request>& req) {
+  req->tag_seq = ch.rx_tag_seq[req->tag]++;
+  auto key = std::make_pair(req->tag, req->tag_seq);
+  auto u = ch.unexpected.find(key);
+  if (u == ch.unexpected.end()) {
+    ch.posted[key] = req;
+    return;
+  }
+  uint64_t msg_id = u->second;
+  ch.unexpected.erase(u);
+  InMsg& m = ch.inmsgs.at(msg_id);
+  if (m.aborted) {
+    req->finish_error(Cause::kTimeout, abandoned(ch.peer));
+    m.discard = true;
+    return;
+  }
+  if (m.len != req->len) {
+    req->finish_error(Cause::kMismatch, size_mismatch(ch.peer, m.len, req->tag, req->len));
+    m.discard = true;
+    redirect_to_scratch(msg_id);
+    m.chunks.clear();
+    if (m.complete) ch.inmsgs.erase(msg_id);
+    return;
+  }
+  m.req = req;
+  if (m.complete) finish_inmsg(msg_id);
+}
+
+void ChannelCore::cancel(const std::shared_ptr<Request>& req, Cause cause, const std::string& why, int64_t now) {
+  if (req->finished()) return;
+  req->cancelled = true;
+  if (req->kind == Request::kRecv) {
+    for (auto p = ch.posted.begin(); p != ch.posted.end();) p = p->second == req ? ch.posted.erase(p) : std::next(p);
+    for (auto& [id, m] : ch.inmsgs)
+      if (m.req == req) {
+        m.req.reset();
+        m.discard = true;
+        redirect_to_scratch(id);
+        m.chunks.clear();
+      }
+  } else {
+    // Frames being written keep their bytes (copied); unsent chunks become cancel marks
+    // so the receiver learns the message is abandoned and sequence numbers stay dense.
+    for (auto& r : ch.rails)
+      if (r->cur.active && r->cur.is_data) {
+        auto w = ch.window.find(r->cur.seq);
+        if (w != ch.window.end() && w->second.req == req) {
+          r->cur.owned.assign(r->cur.payload, r->cur.payload + r->cur.payload_len);
+          r->cur.payload = r->cur.owned.data();
+        }
+      }
+    auto to_void = [](Chunk& c) {
+      c.void_ = true;
+      c.len = 0;
+      c.offset = 0;
+    };
+    for (auto& c : ch.retx)
+      if (c.req == req) to_void(c);
+    for (auto& [s, c] : ch.window)
+      if (c.req == req && !(c.rail >= 0 && ch.rails[static_cast<size_t>(c.rail)]->cur.active &&
+                            ch.rails[static_cast<size_t>(c.rail)]->cur.seq == s)) {
+        // Already written: the receiver may have it; if the rail fails it is resent empty.
+        c.void_ = true;
+      }
+    if (!req->fully_cut) {
+      Chunk c;
+      c.seq = ch.next_seq++;
+      c.req = req;
+      c.void_ = true;
+      ch.retx.push_back(c);
+      req->fully_cut = true;
+      ch.sendq.erase(std::remove(ch.sendq.begin(), ch.sendq.end(), req), ch.sendq.end());
+    }
+    ch.sends.erase(std::remove(ch.sends.begin(), ch.sends.end(), req), ch.sends.end());
+  }
+  req->finish_error(cause, why);
+  pump(now);
+}
+
+void ChannelCore::kill(Cause cause, const std::string& why) {
+  if (ch.dead) return;
+  ch.dead = true;
+  ch.dead_cause = cause;
+  ch.dead_msg = why;
+  R2_LOG(cause == Cause::kClosed || ch.bye_received ? LogLevel::kInfo : LogLevel::kWarn, "channel to %s is dead: %s",
+         peer_name_.c_str(), why.c_str());
+  for (auto& r : ch.rails) {
+    const bool was_up = r->state == RailState::kUp;
+    r->state = RailState::kDown;
+    r->cur = TxFrame();
+    r->ctrl.clear();
+    r->rx.reset();
+    io_->drop(r->index, was_up);
+  }
+  for (auto& req : ch.sends) req->finish_error(cause, why);
+  for (auto& [k, req] : ch.posted) req->finish_error(cause, why);
+  for (auto& [id, m] : ch.inmsgs)
+    if (m.req) m.req->finish_error(cause, why);
+  ch.sends.clear();
+  ch.sendq.clear();
+  ch.retx.clear();
+  ch.window.clear();
+  ch.posted.clear();
+  // Messages that arrived whole before the channel died stay deliverable to later receives.
+  for (auto it = ch.inmsgs.begin(); it != ch.inmsgs.end();)
+    it = it->second.complete && !it->second.aborted && !it->second.discard && !it->second.req ? std::next(it)
+                                                                                             : ch.inmsgs.erase(it);
+  for (auto it = ch.unexpected.begin(); it != ch.unexpected.end();)
+    it = ch.inmsgs.count(it->second) ? std::next(it) : ch.unexpected.erase(it);
+}
+
+// ---------------------------------------------------------------- timers
+
+void ChannelCore::tick(int64_t now, const std::vector<int64_t>& nic_drain_ns) {
+  if (ch.dead) return;
+  const int64_t stall = set_.stall_ns, hb = set_.heartbeat_ns;
+  for (auto& rp : ch.rails) {
+    Rail& r = *rp;
+    if (r.state != RailState::kUp) continue;
+    bool sibling_alive = false;
+    for (auto& o : ch.rails)
+      if (o.get() != &r && o->state == RailState::kUp && now - o->last_rx_ns < stall) sibling_alive = true;
+    // Slow is not dead: the peer gets what the rail's own measured rate needs to drain what
+    // it holds, on top of R2CCL_STALL_MS.
+    const size_t nic = static_cast<size_t>(r.local_nic);
+    const int64_t drain =
+        r.inflight > 0 ? r.pace.drain_ns(r.inflight, nic < nic_drain_ns.size() ? nic_drain_ns[nic] : 0) : 0;
+    if (r.inflight > 0 && now - r.progress_ns > stall + drain && sibling_alive) {
+      r.stalls++;
+      fail_rail(r.index, FailReason::kStalled,
+                "stalled: " + std::to_string(r.inflight) + " bytes unacknowledged for " +
+                    std::to_string((now - r.progress_ns) / kMs) + " ms (its measured drain time: " +
+                    std::to_string(drain / kMs) + " ms) while other rails progress",
+                now);
+    } else if (now - r.last_rx_ns > hb * set_.heartbeat_misses) {
+      fail_rail(r.index, FailReason::kSilent,
+                "silent for " + std::to_string((now - r.last_rx_ns) / kMs) + " ms (" +
+                    std::to_string(set_.heartbeat_misses) + " heartbeats missed)",
+                now);
+    } else if (now - r.last_tx_ns >= hb && !r.cur.active && r.ctrl.empty() && !r.paused) {
+      std::vector<uint8_t> body(kHeartbeatBytes, 0);
+      store_le64(body.data(), static_cast<uint64_t>(now));
+      queue_ctrl(r, FrameType::kHeartbeat, std::move(body));
+      io_->kick(r.index);
+    }
+    if (ch.dead) return;
+  }
+  // The cumulative point may have reached the peer only on a rail that just died: send it
+  // on every live rail that has not carried it yet.
+  for (auto& rp : ch.rails) {
+    Rail& r = *rp;
+    if (r.cum_sent < ch.rx_cum) {
+      if (r.state != RailState::kUp || r.paused || !r.ctrl.empty()) continue;
+      r.cum_sent = ch.rx_cum;
+      std::vector<uint8_t> body(kAckRangeBytes);
+      store_le64(body.data(), 1);
+      store_le64(body.data() + 8, ch.rx_cum);
+      queue_ctrl(r, FrameType::kAck, std::move(body), 1);
+      io_->kick(r.index);
+    }
+  }
+  if (ch.rails_up() > 0) {
+    ch.all_down_since = 0;
+    return;
+  }
+  if (ch.all_down_since == 0) ch.all_down_since = now;
+  bool ever_up = false;
+  for (auto& r : ch.rails) ever_up = ever_up || r->ever_up;
+  if (!ever_up) return;   // still starting up: the endpoint's wait_ready reports that
+  if (ch.bye_received) {
+    kill(Cause::kPeerGone, "rank " + std::to_string(ch.peer) + " closed its r2ccl endpoint");
+    return;
+  }
+  expire(now);
+}
+
+// Every rail has been down: requests older than R2CCL_TIMEOUT (counted from when the last
+// rail went down, or from their posting) fail with kAllRailsDown.
+void ChannelCore::expire(int64_t now) {
+  const int64_t down_ms = (now - ch.all_down_since) / kMs;
+  auto one = [&](const std::shared_ptr<Request>& req) {
+    int64_t since = std::max(req->posted_ns, ch.all_down_since);
+    if (!req->finished() && now - since > set_.timeout_ns) {
+      std::string last;
+      for (auto& r : ch.rails)
+        last += "\n  " + rail_name(r->index) + ": " + (r->last_error.empty() ? "down" : r->last_error);
+      req->finish_error(Cause::kAllRailsDown, "every rail to " + peer_name_ + " has been down for " +
+                                                  std::to_string(down_ms) + " ms (R2CCL_TIMEOUT=" +
+                                                  std::to_string(static_cast<double>(set_.timeout_ns) / 1e9) +
+                                                  " s):" + last);
+    }
+  };
+  for (auto& req : ch.sends) one(req);
+  for (auto& [k, req] : ch.posted) one(req);
+  for (auto& [id, m] : ch.inmsgs)
+    if (m.req) one(m.req);
+}
+
+}  // namespace r2ccl
