@@ -1,5 +1,10 @@
 """Builds and runs the standalone C++ unit tests in tests/cpp (test_wire, test_digest, test_reduce,
-test_plan, test_rail_pace).
+test_plan, test_rail_pace, test_channel_sim), and the channel suite over two channels with a
+planted bug each (test_channel_sim_planted_dedup, _retransmit), which it must catch.
+
+test_channel_sim runs 100,000 seeded schedules (10,000 under the sanitizers, where each costs
+about ten times as much); a failure names its seed, and
+`build/pytest-cpp/plain/test_channel_sim --seed S --schedules 1 --verbose` replays it.
 
 The tests are configured with -DR2CCL_CPP_TESTS=ON and built once per pytest session for each
 variant (plain, and AddressSanitizer + UBSan via -DR2CCL_SANITIZE=ON) under
@@ -20,7 +25,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 BUILD_ROOT = ROOT / "build" / "pytest-cpp"
-TARGETS = ("test_wire", "test_digest", "test_reduce", "test_plan", "test_rail_pace")
+TARGETS = ("test_wire", "test_digest", "test_reduce", "test_plan", "test_rail_pace", "test_channel_sim")
+PLANTED = ("test_channel_sim_planted_dedup", "test_channel_sim_planted_retransmit")
+ARGS = {("test_channel_sim", "plain"): ["--schedules", "100000"],
+        ("test_channel_sim", "sanitize"): ["--schedules", "10000"]}
 VARIANTS = {
     "plain": ["-DR2CCL_SANITIZE=OFF"],
     "sanitize": ["-DR2CCL_SANITIZE=ON"],
@@ -93,7 +101,7 @@ def cpp_build(request) -> tuple[str, Path]:
         "-DR2CCL_CPP_TESTS=ON",
         *VARIANTS[variant],
     ]
-    build = [*cmake, "--build", str(build_dir), "--target", *TARGETS]
+    build = [*cmake, "--build", str(build_dir), "--target", *TARGETS, *(PLANTED if variant == "plain" else ())]
     try:
         _run(configure, ROOT, f"cmake configure ({variant})", timeout=300)
     except pytest.fail.Exception:
@@ -114,8 +122,24 @@ def test_cpp(cpp_build, name):
     if variant == "sanitize":
         env["ASAN_OPTIONS"] = "halt_on_error=1:abort_on_error=0:detect_stack_use_after_return=1"
         env["UBSAN_OPTIONS"] = "halt_on_error=1:print_stacktrace=1"
-    proc = subprocess.run([str(binary)], cwd=build_dir, env=env, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True, timeout=300)
+    proc = subprocess.run([str(binary), *ARGS.get((name, variant), [])], cwd=build_dir, env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600)
     assert proc.returncode == 0, (
         f"{name} ({variant}) exited with {proc.returncode}; its output:\n{proc.stdout[-20000:]}")
     assert "all checks passed" in proc.stdout, f"{name} ({variant}) output:\n{proc.stdout}"
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("name", PLANTED)
+def test_channel_suite_catches_a_planted_fault(cpp_build, name):
+    """The same suite over channel.cc built with R2CCL_PLANT_FAULT (a dedup off-by-one, or a
+    failed rail's newest chunk not sent again) must fail."""
+    variant, build_dir = cpp_build
+    if variant != "plain":
+        pytest.skip("the planted builds run once, without the sanitizers")
+    binary = build_dir / name
+    assert binary.exists(), f"{binary} was not built"
+    proc = subprocess.run([str(binary), "--expect-failure", "--schedules", "2000"], cwd=build_dir,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600)
+    assert proc.returncode == 0 and "the planted fault was caught" in proc.stdout, proc.stdout[-5000:]
+    print(proc.stdout.strip().splitlines()[-1])

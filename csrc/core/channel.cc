@@ -10,9 +10,10 @@
 #include "base/log.h"
 #include "core/digest.h"
 
-// Tests only (tests/cpp/CMakeLists: test_channel_sim_planted_*): a deliberate bug, to show
-// the deterministic suite catches it. 1: a duplicate chunk is applied again (no dedup).
-// 2: a failed rail's oldest unacknowledged chunk is forgotten (no retransmit).
+// Tests only (CMakeLists.txt: test_channel_sim_planted_*): a deliberate bug, to show the
+// deterministic suite catches it. 1 (dedup): a duplicate of the chunk just below the
+// cumulative point is applied again (an off-by-one). 2 (retransmit): when a failed rail
+// held two or more unacknowledged chunks, the newest is not sent again.
 #ifndef R2CCL_PLANT_FAULT
 #define R2CCL_PLANT_FAULT 0
 #endif
@@ -227,7 +228,7 @@ void ChannelCore::fail_rail(int rail, FailReason reason, const std::string& why,
     }
   }
 #if R2CCL_PLANT_FAULT == 2
-  if (!moved.empty()) moved.erase(moved.begin());
+  if (moved.size() >= 2) moved.pop_back();
 #endif
   for (auto it = moved.rbegin(); it != moved.rend(); ++it) {
     it->resend = true;
@@ -272,7 +273,14 @@ bool ChannelCore::next_chunk(Chunk* c, uint64_t max_len) {
   while (!ch.retx.empty()) {
     *c = std::move(ch.retx.front());
     ch.retx.pop_front();
-    if (c->req->finished() && !c->void_) continue;   // cancelled meanwhile
+    // A send that failed or was cancelled meanwhile still owes the receiver this sequence
+    // number: it goes as an abort mark, so the receiver learns the message is abandoned and
+    // its cumulative point moves on (a skipped number would hold it back for good).
+    if (c->req->finished() && !c->void_) {
+      c->void_ = true;
+      c->len = 0;
+      c->offset = 0;
+    }
     return true;
   }
   while (!ch.sendq.empty()) {
@@ -416,7 +424,7 @@ bool ChannelCore::on_header(int rail, int64_t now) {
   }
   // Decides where a data chunk's payload goes: the receive's buffer, staging, or nowhere.
   rx.scratch = true;
-  if (ch.seq_applied(h.seq) || h.payload_len == 0) return true;
+  if (applied(h.seq) || h.payload_len == 0) return true;
   InMsg* m = open_inmsg(h);
   if (m->tag != h.tag || m->tag_seq != h.tag_seq || m->len != h.msg_len) {
     fail_rail(rail, FailReason::kProtocol, "protocol error: chunk disagrees with its message", now);
@@ -453,6 +461,14 @@ void ChannelCore::rx_idle(int rail, int64_t now) {
   if (r.state == RailState::kUp) flush_acks(r);
 }
 
+// Dedup: this sequence number was applied before (its payload must not land again).
+bool ChannelCore::applied(uint64_t seq) const {
+#if R2CCL_PLANT_FAULT == 1
+  if (seq + 1 == ch.rx_cum) return false;
+#endif
+  return ch.seq_applied(seq);
+}
+
 // The receive state of the message a data chunk belongs to, created on its first chunk:
 // matched to the posted receive with the same (tag, k-th), or staged until one is posted.
 InMsg* ChannelCore::open_inmsg(const FrameHeader& h) {
@@ -484,10 +500,7 @@ InMsg* ChannelCore::open_inmsg(const FrameHeader& h) {
 void ChannelCore::data_frame(Rail& r) {
   RxFrame& rx = r.rx;
   const FrameHeader& h = rx.h;
-  bool was_applied = ch.seq_applied(h.seq);
-#if R2CCL_PLANT_FAULT == 1
-  was_applied = false;
-#endif
+  const bool was_applied = applied(h.seq);
   if (rx.grow) rx.grow->resize(h.payload_len);   // (reads may have left it one step ahead)
   const uint8_t* payload = rx.grow ? rx.grow->data() : rx.dest;
   if (!was_applied && !rx.scratch && (h.flags & kFlagPayloadCrc) &&

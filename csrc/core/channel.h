@@ -270,6 +270,7 @@ class ChannelCore {
   bool next_chunk(Chunk* c, uint64_t max_len);
   void on_ack(uint64_t first, uint64_t last, int64_t now);
   void post_recv(const std::shared_ptr<Request>& req);
+  bool applied(uint64_t seq) const;
   InMsg* open_inmsg(const FrameHeader& h);
   void data_frame(Rail& r);
   void control_frame(Rail& r, int64_t now);

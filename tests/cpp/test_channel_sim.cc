@@ -1,0 +1,639 @@
+// The deterministic proof of the channel's invariants (csrc/core/channel.{h,cc}).
+//
+// Two ChannelCores (rank 0 and rank 1) talk over an in-memory transport: every rail is a
+// connection with one FIFO of whole frames per direction, in order within a rail (as TCP and
+// RDMA RC keep it), in any interleaving across rails. A seeded schedule drives everything the
+// engine would: sends and receives posted in any order (receives before or after their
+// data), frames written (also at once from inside the channel's kick, as the engine does)
+// and delivered (payloads sometimes held half-read while other rails finish the message),
+// acks flushed late, simulated time and the channel's timers, and faults:
+//   - a connection closed by one end (the other reads what was sent, then EOF) or reset
+//     (what was in flight is lost), noticed by either end at once or later;
+//   - a black hole (the rail stays up on both ends and silently loses every frame), found
+//     only by the stall and silence timers;
+//   - a rail paused on one end (nothing read or written: an injected stall), and revived;
+//   - rails revived by a new connection (the dialling side) that replaces a half-open one;
+//   - duplicated data frames on another rail, corrupted payloads under R2CCL_CRC;
+//   - weights changed, sends and receives cancelled, receive sizes that do not match.
+// Then every fault heals and the schedule runs until every request has finished, within a
+// bound in simulated time. One schedule in ten instead loses every rail for good, and then
+// every unfinished request must fail with kAllRailsDown within R2CCL_TIMEOUT plus a bound.
+//
+// Checked for every schedule: each request finishes exactly once; a matched send and
+// receive both succeed and the receive holds the sent bytes bit for bit (or they fail with
+// the documented cause: kMismatch for a size mismatch, kTimeout "abandoned" when the send
+// was cancelled, kAllRailsDown when every rail died); the receiver applied each byte
+// exactly once (its rx_bytes equal what was sent); nothing is left in flight at the end.
+//
+// Usage: test_channel_sim [--schedules N] [--seed S] [--expect-failure] [--verbose]
+//   A failure prints its seed; `--seed S --schedules 1 --verbose` replays it alone.
+//   --expect-failure (the planted-fault builds): runs every schedule and exits 0 if any
+//   failed, saying how many and which came first; exit 1 if none did.
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "base/log.h"
+#include "core/channel.h"
+#include "core/wire.h"
+
+using namespace r2ccl;
+
+namespace {
+
+constexpr int64_t kMs = 1000000;
+constexpr int kRailsMax = 4;
+
+struct Rng {
+  uint64_t s;
+  uint64_t next() {
+    uint64_t z = (s += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+  }
+  uint64_t below(uint64_t n) { return n == 0 ? 0 : next() % n; }
+  bool chance(double p) { return static_cast<double>(next() >> 11) * (1.0 / 9007199254740992.0) < p; }
+};
+
+struct Conn {
+  std::deque<std::vector<uint8_t>> pipe[2];   // pipe[s]: frames side s wrote, for side 1-s to read
+  bool open[2] = {true, true};                // each end still attached
+  bool broken = false;                        // a black hole: frames vanish
+};
+
+struct Msg {
+  int dir = 0;            // the sending side
+  uint64_t tag = 0;
+  uint32_t k = 0;
+  uint64_t len = 0, recv_len = 0;
+  std::vector<uint8_t> src, dst;
+  std::shared_ptr<Request> send, recv;
+  int send_finishes = 0, recv_finishes = 0;
+  bool send_cancelled = false, recv_cancelled = false;
+};
+
+class Sim;
+
+struct SimIo final : RailIo {
+  Sim* sim = nullptr;
+  int side = 0;
+  void kick(int rail) override;
+  void drop(int rail, bool was_up) override;
+  void redial(int rail) override;
+};
+
+class Sim {
+ public:
+  Sim(uint64_t seed, bool verbose) : rng_{seed * 0x2545F4914F6CDD1DULL + 1}, verbose_(verbose) {
+    rails_ = 1 + static_cast<int>(rng_.below(kRailsMax));
+    doom_ = rng_.chance(0.1);
+    set_.crc = rng_.chance(0.3);
+    set_.stall_ns = 250 * kMs;
+    set_.heartbeat_ns = 100 * kMs;
+    set_.heartbeat_misses = 3;
+    set_.timeout_ns = doom_ ? 2000 * kMs : 3600 * 1000 * kMs;
+    set_.pace.min_chunk = 64;
+    set_.pace.max_chunk = 128 << rng_.below(3);
+    set_.pace.min_window = 128;
+    set_.pace.max_window = 1024 << rng_.below(3);
+    set_.pace.target_ns = 10 * kMs;
+    limits_.max_chunk_bytes = kChunkBytesMax;
+    limits_.max_message_bytes = 1 << 20;
+    std::vector<std::pair<int, int>> pairs;
+    std::vector<std::string> names;
+    for (int r = 0; r < rails_; r++) {
+      pairs.push_back({r, r});
+      names.push_back("rail " + std::to_string(r));
+    }
+    for (int s = 0; s < 2; s++) {
+      io_[s].sim = this;
+      io_[s].side = s;
+      core_[s] = std::make_unique<ChannelCore>(1 - s, "rank " + std::to_string(1 - s), names, pairs, set_, &io_[s],
+                                               now_);
+    }
+    for (int r = 0; r < rails_; r++) revive(r);
+  }
+
+  // Runs the schedule; returns "" or what went wrong.
+  std::string run() {
+    const int events = 100 + static_cast<int>(rng_.below(400));
+    for (int i = 0; i < events && err_.empty(); i++) step(false);
+    if (!err_.empty()) return err_;
+    // Every receive gets its send, so every request has a partner.
+    for (auto& [key, m] : msgs_)
+      if (m.recv && !m.send) post_send(m);
+    if (doom_) {
+      for (int r = 0; r < rails_; r++) {
+        conns_[r].broken = true;
+        conns_[r].pipe[0].clear();
+        conns_[r].pipe[1].clear();
+      }
+      dead_for_good_ = true;
+    }
+    heal_start_ = now_;
+    const int64_t bound = doom_ ? set_.timeout_ns + 5000 * kMs : 60000 * kMs;
+    for (int i = 0; i < 400000 && err_.empty(); i++) {
+      if (all_finished() && (dead_for_good_ || quiet())) break;
+      if (now_ - heal_start_ > bound) {
+        err_ = (all_finished() ? std::string("chunks still unacknowledged ") : "requests unfinished ") +
+               std::to_string((now_ - heal_start_) / kMs) + " ms (simulated) after every fault healed: " + unfinished();
+        break;
+      }
+      if (idle()) {
+        // Nothing to write or read anywhere: only the timers and the re-dials move it on.
+        advance(20 * kMs);
+        for (int r = 0; r < rails_; r++) heal_rail(r);
+      } else
+        step(true);
+      heal_steps_++;
+    }
+    if (err_.empty() && !all_finished()) err_ = "requests unfinished after the event budget: " + unfinished();
+    if (err_.empty()) check_results();
+    if (!err_.empty() && verbose_) dump();
+    return err_;
+  }
+
+  // ------------------------------------------------------------- the RailIo side
+  void kick(int side, int rail) {
+    if (in_kick_[side][rail] || !rng_.chance(0.4)) return;   // written later by a write event
+    in_kick_[side][rail] = true;
+    write(side, rail);
+    in_kick_[side][rail] = false;
+  }
+  void drop(int side, int rail, bool was_up) {
+    (void)was_up;
+    Conn& c = conns_[rail];
+    held_[side][rail].clear();
+    holding_[side][rail] = false;
+    if (!c.open[side]) return;
+    c.open[side] = false;
+    c.pipe[1 - side].clear();               // what was on its way to this end is gone
+    if (rng_.chance(0.5)) c.pipe[side].clear();   // a reset loses what this end sent; a close delivers it
+  }
+  void redial(int side, int rail) { (void)rail; redials_[side]++; }
+
+ private:
+  Rail& rail(int side, int r) { return *core_[side]->ch.rails[static_cast<size_t>(r)]; }
+  bool up(int side, int r) { return rail(side, r).state == RailState::kUp; }
+
+  void log(const std::string& s) {
+    if (verbose_) std::printf("  t=%lld ms: %s\n", static_cast<long long>(now_ / kMs), s.c_str());
+  }
+
+  void revive(int r) {
+    // The dialling side (rank 1) opens a new connection; the listener replaces a half-open one.
+    if (up(0, r)) core_[0]->fail_rail(r, FailReason::kReplaced, "replaced by a new connection from the peer", now_);
+    if (up(1, r)) core_[1]->fail_rail(r, FailReason::kReplaced, "replaced", now_);
+    conns_[r] = Conn();
+    log("rail " + std::to_string(r) + " connects");
+    int first = static_cast<int>(rng_.below(2));
+    core_[first]->rail_up(r, now_);
+    core_[1 - first]->rail_up(r, now_);
+  }
+
+  void heal_rail(int r) {
+    for (int s = 0; s < 2; s++) {
+      if (rail(s, r).paused) core_[s]->set_paused(r, false, now_);
+      if (rail(s, r).weight < 1.0) core_[s]->set_weight(r, 1.0, now_);
+    }
+    if (!dead_for_good_ && !up(1, r)) revive(r);
+  }
+
+  void write(int side, int r) {
+    Rail& rl = rail(side, r);
+    Conn& c = conns_[r];
+    if (rl.state != RailState::kUp || rl.paused || !rl.cur.active || !c.open[side]) return;
+    std::vector<uint8_t> f(rl.cur.hdr, rl.cur.hdr + kHeaderBytes);
+    if (rl.cur.payload_len) f.insert(f.end(), rl.cur.payload, rl.cur.payload + rl.cur.payload_len);
+    const bool data = rl.cur.is_data && rl.cur.payload_len > 0;
+    core_[side]->frame_written(r, now_);
+    if (c.broken) return;
+    if (!c.open[1 - side]) {
+      if (rng_.chance(0.5)) core_[side]->fail_rail(r, FailReason::kClosedByPeer, "send failed: broken pipe", now_);
+      return;
+    }
+    if (data && set_.crc && corruptions_ < 3 && rng_.chance(0.02)) {
+      f[kHeaderBytes + rng_.below(f.size() - kHeaderBytes)] ^= 0x5a;
+      corruptions_++;
+      log("corrupts a payload on rail " + std::to_string(r));
+    }
+    if (data && dups_ < 8 && rails_ > 1 && rng_.chance(0.03)) {
+      int o = static_cast<int>(rng_.below(rails_));
+      if (o != r && conns_[o].open[0] && conns_[o].open[1] && !conns_[o].broken) {
+        conns_[o].pipe[side].push_back(f);
+        dups_++;
+      }
+    }
+    c.pipe[side].push_back(std::move(f));
+  }
+
+  // Side `side` reads the next frame (or the held payload) on rail r.
+  void deliver(int side, int r) {
+    Rail& rl = rail(side, r);
+    Conn& c = conns_[r];
+    if (rl.state != RailState::kUp || rl.paused || !c.open[side]) return;
+    if (holding_[side][r]) {
+      holding_[side][r] = false;
+      finish_payload(side, r, held_[side][r]);
+      return;
+    }
+    auto& in = c.pipe[1 - side];
+    if (in.empty()) return;
+    std::vector<uint8_t> f = std::move(in.front());
+    in.pop_front();
+    std::memcpy(rl.rx.hdr, f.data(), kHeaderBytes);
+    rl.rx.hdr_got = kHeaderBytes;
+    std::string bad = decode_header(rl.rx.hdr, limits_, &rl.rx.h);
+    if (!bad.empty()) {
+      err_ = "the harness wrote a frame the decoder rejects: " + bad;
+      return;
+    }
+    if (!core_[side]->on_header(r, now_)) return;
+    if (rl.rx.h.payload_len > 0 && rng_.chance(0.25)) {   // half-read: other rails go first
+      held_[side][r] = std::move(f);
+      holding_[side][r] = true;
+      return;
+    }
+    finish_payload(side, r, f);
+  }
+
+  void finish_payload(int side, int r, const std::vector<uint8_t>& f) {
+    Rail& rl = rail(side, r);
+    RxFrame& rx = rl.rx;
+    if (!rx.in_payload) return;
+    const size_t n = rx.h.payload_len;
+    if (f.size() != kHeaderBytes + n) {
+      err_ = "held frame does not match the header being read";
+      return;
+    }
+    if (n > 0 && !rx.scratch) {
+      if (rx.grow) {
+        rx.grow->resize(n);
+        std::memcpy(rx.grow->data(), f.data() + kHeaderBytes, n);
+      } else if (rx.dest) {
+        std::memcpy(rx.dest, f.data() + kHeaderBytes, n);
+      }
+    }
+    rx.got = n;
+    core_[side]->on_frame(r, now_);
+    if (up(side, r) && (conns_[r].pipe[1 - side].empty() || rng_.chance(0.5))) core_[side]->rx_idle(r, now_);
+  }
+
+  void eof(int side, int r) {
+    Conn& c = conns_[r];
+    if (!up(side, r) || c.open[1 - side] || !c.pipe[1 - side].empty() || holding_[side][r]) return;
+    core_[side]->fail_rail(r, FailReason::kClosedByPeer, "connection closed by the peer", now_);
+  }
+
+  void advance(int64_t dt) {
+    now_ += dt;
+    for (int s = 0; s < 2; s++) {
+      for (auto& rl : core_[s]->ch.rails)
+        if (rl->state == RailState::kUp && rl->pace.busy_since(now_ - 50 * kMs))
+          rl->pace.share_window(rl->pace.share_rate(), 1);
+      core_[s]->tick(now_, std::vector<int64_t>(static_cast<size_t>(rails_), 0));
+      core_[s]->pump(now_);
+    }
+  }
+
+  Msg& msg(int dir, uint64_t tag, uint32_t k) {
+    auto key = std::make_tuple(dir, tag, k);
+    auto it = msgs_.find(key);
+    if (it != msgs_.end()) return it->second;
+    Msg m;
+    m.dir = dir;
+    m.tag = tag;
+    m.k = k;
+    uint64_t pick = rng_.below(100);
+    m.len = pick < 5 ? 0 : pick < 30 ? 1 + rng_.below(64) : pick < 90 ? 65 + rng_.below(1000) : 1065 + rng_.below(3000);
+    m.recv_len = (m.len > 0 && rng_.chance(0.02)) ? m.len + 1 : m.len;
+    m.src.resize(m.len);
+    for (auto& b : m.src) b = static_cast<uint8_t>(rng_.next());
+    return msgs_.emplace(key, std::move(m)).first->second;
+  }
+
+  void post_send(Msg& m) {
+    m.send = std::make_shared<Request>(Request::kSend, 1 - m.dir, m.tag, m.src.data(), m.len);
+    Msg* mp = &m;
+    m.send->on_finish = [mp] { mp->send_finishes++; };
+    core_[m.dir]->submit(m.send, now_);
+  }
+
+  void post_recv(Msg& m) {
+    m.dst.assign(m.recv_len, 0xee);
+    m.recv = std::make_shared<Request>(Request::kRecv, m.dir, m.tag, m.dst.data(), m.recv_len);
+    Msg* mp = &m;
+    m.recv->on_finish = [mp] { mp->recv_finishes++; };
+    core_[1 - m.dir]->submit(m.recv, now_);
+  }
+
+  void step(bool healing) {
+    const uint64_t kind = rng_.below(healing ? 40 : 100);
+    const int side = static_cast<int>(rng_.below(2));
+    const int r = static_cast<int>(rng_.below(rails_));
+    if (kind < 30) {
+      // Write or read on a rail that has something to move (or, now and then, any rail).
+      int ready[2 * 2 * kRailsMax][3], n = 0;
+      for (int s = 0; s < 2; s++)
+        for (int rr = 0; rr < rails_; rr++) {
+          const Rail& rl = rail(s, rr);
+          if (rl.state != RailState::kUp || rl.paused) continue;
+          if (rl.cur.active) ready[n][0] = s, ready[n][1] = rr, ready[n++][2] = 0;
+          if (holding_[s][rr] || !conns_[rr].pipe[1 - s].empty()) ready[n][0] = s, ready[n][1] = rr, ready[n++][2] = 1;
+        }
+      if (n > 0 && !rng_.chance(0.1)) {
+        const int* pick = ready[rng_.below(static_cast<uint64_t>(n))];
+        if (pick[2] == 0) write(pick[0], pick[1]); else deliver(pick[0], pick[1]);
+        eof(pick[0], pick[1]);
+      } else {
+        if (rng_.chance(0.5)) write(side, r); else deliver(side, r);
+        eof(side, r);
+      }
+    } else if (kind < 36) {
+      advance(rng_.chance(0.7) ? static_cast<int64_t>(rng_.below(2 * kMs)) : static_cast<int64_t>(rng_.below(60 * kMs)));
+    } else if (kind < 40) {
+      // The dialling side re-dials a rail that is down on its end (after R2CCL_REPROBE_MS).
+      if (healing)
+        heal_rail(r);
+      else if (!up(1, r) && rng_.chance(0.5))
+        revive(r);
+    } else if (kind < 55) {
+      // New requests: a send, or a receive (before or after its data).
+      const int dir = static_cast<int>(rng_.below(2));
+      const uint64_t tag = 1 + rng_.below(3);
+      if (rng_.chance(0.5)) {
+        Msg& m = msg(dir, tag, sends_[dir][tag]++);
+        post_send(m);
+      } else {
+        Msg& m = msg(dir, tag, recvs_[dir][tag]++);
+        post_recv(m);
+      }
+    } else if (kind < 62) {
+      // A connection ends at one side (closed or reset); the other notices at once or later.
+      if (up(side, r)) {
+        log("side " + std::to_string(side) + " closes rail " + std::to_string(r));
+        core_[side]->fail_rail(r, rng_.chance(0.5) ? FailReason::kIo : FailReason::kInjected, "closed by the test", now_);
+        if (rng_.chance(0.3)) eof(1 - side, r);
+      }
+    } else if (kind < 66) {
+      // A black hole: both ends stay up, every frame on the rail vanishes.
+      if (!conns_[r].broken && up(0, r) && up(1, r)) {
+        log("rail " + std::to_string(r) + " becomes a black hole");
+        conns_[r].broken = true;
+        conns_[r].pipe[0].clear();
+        conns_[r].pipe[1].clear();
+        holding_[0][r] = holding_[1][r] = false;
+      }
+    } else if (kind < 72) {
+      // An injected stall on one end, and its end.
+      core_[side]->set_paused(r, !rail(side, r).paused, now_);
+    } else if (kind < 78) {
+      double w = rng_.chance(0.2) ? 0.0 : rng_.chance(0.5) ? 0.25 : 1.0;
+      bool other = false;   // keep one rail with weight on each side: weight 0 everywhere deals nothing
+      for (int o = 0; o < rails_; o++) other = other || (o != r && rail(side, o).weight > 0);
+      if (w > 0 || other) core_[side]->set_weight(r, w, now_);
+    } else if (kind < 82) {
+      // Cancel a request (a caller's wait timed out).
+      if (msgs_.empty()) return;
+      auto it = msgs_.begin();
+      std::advance(it, static_cast<long>(rng_.below(msgs_.size())));
+      Msg& m = it->second;
+      if (rng_.chance(0.5) && m.send && !m.send->finished()) {
+        m.send_cancelled = true;
+        core_[m.dir]->cancel(m.send, Cause::kTimeout, "send cancelled by the test", now_);
+      } else if (m.recv && !m.recv->finished()) {
+        m.recv_cancelled = true;
+        core_[1 - m.dir]->cancel(m.recv, Cause::kTimeout, "receive cancelled by the test", now_);
+      }
+    } else {
+      // Drain: a burst of writes and reads on every rail.
+      for (int i = 0; i < 4 * rails_; i++) {
+        int s = static_cast<int>(rng_.below(2)), rr = static_cast<int>(rng_.below(rails_));
+        write(s, rr);
+        deliver(1 - s, rr);
+      }
+    }
+  }
+
+  // No frame waits to be written or read on any rail.
+  bool idle() {
+    for (int r = 0; r < rails_; r++)
+      for (int s = 0; s < 2; s++) {
+        const Rail& rl = rail(s, r);
+        if (rl.state == RailState::kUp && !rl.paused && (rl.cur.active || holding_[s][r])) return false;
+        if (!conns_[r].pipe[1 - s].empty() && rl.state == RailState::kUp) return false;
+      }
+    return true;
+  }
+
+  // Nothing left to send or to be acknowledged (abort marks of cancelled sends included).
+  bool quiet() {
+    for (int s = 0; s < 2; s++) {
+      Channel& ch = core_[s]->ch;
+      if (!ch.window.empty() || !ch.retx.empty() || !ch.sendq.empty()) return false;
+    }
+    return true;
+  }
+
+  bool all_finished() {
+    for (auto& [key, m] : msgs_) {
+      if (m.send && !m.send->finished()) return false;
+      if (m.recv && !m.recv->finished()) return false;
+    }
+    return true;
+  }
+
+  std::string describe(const Msg& m) {
+    return "message " + std::to_string(m.dir) + "->" + std::to_string(1 - m.dir) + " tag " + std::to_string(m.tag) +
+           " #" + std::to_string(m.k) + " (" + std::to_string(m.len) + " bytes)";
+  }
+
+  std::string unfinished() {
+    std::string s;
+    int n = 0;
+    for (auto& [key, m] : msgs_) {
+      if (m.send && !m.send->finished() && n++ < 4) s += describe(m) + " send; ";
+      if (m.recv && !m.recv->finished() && n++ < 4)
+        s += describe(m) + " receive (its send " +
+             (!m.send ? "not posted" : !m.send->finished() ? "unfinished" : m.send->failed() ? "failed: " + m.send->error_message() : "succeeded") +
+             (m.send_cancelled ? ", cancelled" : "") + "); ";
+    }
+    return s;
+  }
+
+  void dump() {
+    for (int s = 0; s < 2; s++) {
+      Channel& ch = core_[s]->ch;
+      std::printf("side %d: next_seq %llu rx_cum %llu window %zu retx %zu sendq %zu sends %zu posted %zu inmsgs %zu "
+                  "unexpected %zu dead %d\n", s, (unsigned long long)ch.next_seq, (unsigned long long)ch.rx_cum,
+                  ch.window.size(), ch.retx.size(), ch.sendq.size(), ch.sends.size(), ch.posted.size(),
+                  ch.inmsgs.size(), ch.unexpected.size(), ch.dead ? 1 : 0);
+      for (auto& [seq, c] : ch.window)
+        std::printf("  window seq %llu msg %llu len %u rail %d void %d\n", (unsigned long long)seq,
+                    (unsigned long long)c.req->msg_id, c.len, c.rail, c.void_ ? 1 : 0);
+      for (auto& c : ch.retx)
+        std::printf("  retx seq %llu msg %llu len %u void %d\n", (unsigned long long)c.seq,
+                    (unsigned long long)c.req->msg_id, c.len, c.void_ ? 1 : 0);
+      for (auto& [id, m] : ch.inmsgs)
+        std::printf("  inmsg %llu tag %llu #%u len %llu got %llu req %d staged %d discard %d aborted %d complete %d\n",
+                    (unsigned long long)id, (unsigned long long)m.tag, m.tag_seq, (unsigned long long)m.len,
+                    (unsigned long long)m.received, m.req ? 1 : 0, m.staged, m.discard, m.aborted, m.complete);
+      for (auto& [k, req] : ch.posted)
+        std::printf("  posted tag %llu #%u len %llu\n", (unsigned long long)k.first, k.second,
+                    (unsigned long long)req->len);
+      for (auto& rl : ch.rails)
+        std::printf("  rail %d %s inflight %llu cur %d ctrl %zu paused %d weight %.2f\n", rl->index,
+                    rail_state_name(rl->state), (unsigned long long)rl->inflight, rl->cur.active ? 1 : 0,
+                    rl->ctrl.size(), rl->paused ? 1 : 0, rl->weight);
+    }
+  }
+
+  void fail(const std::string& what) {
+    if (err_.empty()) err_ = what;
+  }
+
+  void check_results() {
+    uint64_t sent_bytes[2] = {0, 0};
+    bool exact_count[2] = {true, true};
+    for (auto& [key, m] : msgs_) {
+      const std::string who = describe(m);
+      if (m.send && m.send_finishes != 1) fail(who + ": the send finished " + std::to_string(m.send_finishes) + " times");
+      if (m.recv && m.recv_finishes != 1) fail(who + ": the receive finished " + std::to_string(m.recv_finishes) + " times");
+      if (!m.send) continue;
+      sent_bytes[m.dir] += m.len;
+      if (m.send_cancelled || m.send->failed()) exact_count[m.dir] = false;
+      const bool send_ok = !m.send->failed();
+      const bool recv_ok = m.recv && !m.recv->failed();
+      if (recv_ok && (m.recv_len != m.len || m.dst != m.src)) fail(who + ": the receive succeeded with wrong bytes");
+      if (m.send->failed() && !m.send_cancelled && m.send->error_cause() != Cause::kAllRailsDown)
+        fail(who + ": the send failed: " + m.send->error_message());
+      if (m.send->failed() && m.send->error_cause() == Cause::kAllRailsDown && !dead_for_good_)
+        fail(who + ": kAllRailsDown while rails came back");
+      if (!m.recv) continue;
+      if (m.recv_cancelled) continue;
+      if (recv_ok) continue;   // (its bytes and length were checked above)
+      // The documented failures of a receive: a size mismatch, a sender that abandoned the
+      // message, every rail lost for good.
+      const Cause c = m.recv->error_cause();
+      if (m.recv_len != m.len && c == Cause::kMismatch) continue;
+      if (m.send_cancelled && c == Cause::kTimeout) continue;
+      if (dead_for_good_ && c == Cause::kAllRailsDown) continue;
+      fail(who + ": the receive of " + std::to_string(m.recv_len) + " bytes failed (" + m.recv->error_message() + ")" +
+           (send_ok ? " although its send succeeded" : ""));
+    }
+    if (!err_.empty()) return;
+    for (int s = 0; s < 2; s++) {
+      Channel& ch = core_[s]->ch;
+      if (!dead_for_good_) {
+        if (!ch.window.empty() || !ch.sendq.empty() || !ch.sends.empty())
+          fail("side " + std::to_string(s) + " still holds unacknowledged sends at the end");
+        for (auto& rl : ch.rails)
+          if (rl->inflight != 0) fail("side " + std::to_string(s) + " rail " + std::to_string(rl->index) +
+                                      " still counts bytes in flight");
+      }
+      // Exactly once: what the receiver applied is what was sent, byte for byte in count.
+      uint64_t applied = 0;
+      for (auto& rl : core_[1 - s]->ch.rails) applied += rl->rx_bytes;
+      if (!dead_for_good_ && exact_count[s] && applied != sent_bytes[s])
+        fail("side " + std::to_string(1 - s) + " applied " + std::to_string(applied) + " payload bytes of the " +
+             std::to_string(sent_bytes[s]) + " sent to it (each chunk must be applied exactly once)");
+    }
+  }
+
+  Rng rng_;
+  bool verbose_;
+  int rails_ = 1;
+  bool doom_ = false, dead_for_good_ = false;
+  ChannelSettings set_;
+  WireLimits limits_{};
+  int64_t now_ = 1000 * kMs, heal_start_ = 0;
+  SimIo io_[2];
+  std::unique_ptr<ChannelCore> core_[2];
+  Conn conns_[kRailsMax];
+  std::vector<uint8_t> held_[2][kRailsMax];
+  bool holding_[2][kRailsMax] = {};
+  bool in_kick_[2][kRailsMax] = {};
+  int redials_[2] = {0, 0};
+  int corruptions_ = 0, dups_ = 0;
+
+ public:
+  uint64_t heal_steps_ = 0;
+  int64_t heal_ns() const { return now_ - heal_start_; }
+
+ private:
+  std::map<std::tuple<int, uint64_t, uint32_t>, Msg> msgs_;
+  std::map<uint64_t, uint32_t> sends_[2], recvs_[2];
+  std::string err_;
+
+  friend struct SimIo;
+};
+
+void SimIo::kick(int rail) { sim->kick(side, rail); }
+void SimIo::drop(int rail, bool was_up) { sim->drop(side, rail, was_up); }
+void SimIo::redial(int rail) { sim->redial(side, rail); }
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  uint64_t schedules = 100000, seed0 = 1;
+  bool expect_failure = false, verbose = false;
+  for (int i = 1; i < argc; i++) {
+    std::string a = argv[i];
+    if (a == "--schedules" && i + 1 < argc) schedules = std::strtoull(argv[++i], nullptr, 10);
+    else if (a == "--seed" && i + 1 < argc) seed0 = std::strtoull(argv[++i], nullptr, 10);
+    else if (a == "--expect-failure") expect_failure = true;
+    else if (a == "--verbose") verbose = true;
+    else {
+      std::fprintf(stderr, "usage: %s [--schedules N] [--seed S] [--expect-failure] [--verbose]\n", argv[0]);
+      return 2;
+    }
+  }
+  log_set_level(verbose ? static_cast<int>(LogLevel::kInfo) : -1);
+  uint64_t total_heal = 0, max_heal = 0;
+  int64_t max_heal_ns = 0;
+  uint64_t caught = 0, first = 0;
+  for (uint64_t i = 0; i < schedules; i++) {
+    const uint64_t seed = seed0 + i;
+    Sim sim(seed, verbose);
+    std::string err = sim.run();
+    total_heal += sim.heal_steps_;
+    max_heal = std::max<uint64_t>(max_heal, sim.heal_steps_);
+    max_heal_ns = std::max<int64_t>(max_heal_ns, sim.heal_ns());
+    if (err.empty()) continue;
+    if (expect_failure) {
+      if (caught++ == 0) {
+        first = i + 1;
+        std::printf("first failure, seed %llu: %s\n", static_cast<unsigned long long>(seed), err.c_str());
+      }
+      continue;
+    }
+    std::printf("FAIL seed %llu (schedule %llu of %llu): %s\n  replay: --seed %llu --schedules 1 --verbose\n",
+                static_cast<unsigned long long>(seed), static_cast<unsigned long long>(i + 1),
+                static_cast<unsigned long long>(schedules), err.c_str(), static_cast<unsigned long long>(seed));
+    return 1;
+  }
+  if (expect_failure) {
+    if (caught == 0) {
+      std::printf("FAIL: the planted fault survived %llu schedules\n", static_cast<unsigned long long>(schedules));
+      return 1;
+    }
+    std::printf("the planted fault was caught: %llu of %llu schedules failed, the first at schedule %llu\n",
+                static_cast<unsigned long long>(caught), static_cast<unsigned long long>(schedules),
+                static_cast<unsigned long long>(first));
+    return 0;
+  }
+  std::printf("%llu schedules from seed %llu: all checks passed (after the faults healed: %.0f events on average, "
+              "at most %llu events and %lld ms simulated)\n",
+              static_cast<unsigned long long>(schedules), static_cast<unsigned long long>(seed0),
+              static_cast<double>(total_heal) / static_cast<double>(std::max<uint64_t>(1, schedules)),
+              static_cast<unsigned long long>(max_heal), static_cast<long long>(max_heal_ns / kMs));
+  return 0;
+}
