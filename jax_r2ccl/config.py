@@ -95,6 +95,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("R2CCL_TIMEOUT", "timeout_s", float,
             "Seconds an operation may wait, and how long every rail to a peer may stay down, "
             "before it fails with an error naming the peer."),
+    Setting("R2CCL_MISMATCH_MS", "mismatch_ms", int,
+            "A collective that has waited this long for a peer whose announcement of a different "
+            "collective is already here (another program, or the same collectives in another "
+            "order) fails with a mismatch naming both, instead of waiting for R2CCL_TIMEOUT."),
     Setting("R2CCL_BOOTSTRAP_TIMEOUT", "bootstrap_timeout_s", float,
             "Seconds bootstrap waits for every rank to publish its addresses and for rails to come up.",
             default=300.0),

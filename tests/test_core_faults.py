@@ -3,7 +3,8 @@ failing before its fix: an immediate connect error (a NIC's route that vanished)
 with its cause at once, not as a timeout after R2CCL_CONNECT_TIMEOUT_MS; Engine::call's
 deadline, after which the withdrawn command never runs into the caller's dead frame, and
 its refusal on the engine thread; a Python request whose handle is dropped keeps its buffer
-alive until the engine is done with it; the per-endpoint log level.
+alive until the engine is done with it; the per-endpoint log level; processes that run
+different programs fail at once with a mismatch naming both, not after R2CCL_TIMEOUT.
 
 Each case runs in a child process (a bug here is a crash or a hang, and must fail the test,
 not the session). Also run under ASan/UBSan by test_sanitizers.py.
@@ -278,3 +279,27 @@ def test_rail_failures_carry_a_reason_code():
     """, nics=2)
     r = run_child(code)
     assert r.returncode == 0 and "OK" in r.stdout, explain(r)
+
+
+@pytest.mark.parametrize("n", [1000, 100_000], ids=["small", "large"])
+def test_different_programs_fail_at_once_with_a_mismatch_naming_both(n):
+    # Before: each waited for R2CCL_TIMEOUT (here 20 s) and raised a timeout. Now each sees
+    # the other's announcement in its staging and names it after R2CCL_MISMATCH_MS (2 s).
+    from harness import run_ranks
+    res = run_ranks("host_programs", 2, timeout=60, args={"same": False, "n": n, "timeout": 20.0})
+    for rank, r in enumerate(res):
+        out = r["result"]
+        assert out["cause"] == "mismatch", out
+        assert f"process {1 - rank} is in another collective" in out["error"], out
+        assert f"process {rank} waits in all_reduce of {n} float32" in out["error"], out
+        assert "different programs" in out["error"], out
+        assert out["seconds"] < 8, out
+
+
+def test_a_late_process_running_the_same_program_is_not_a_mismatch():
+    # Process 1 starts 3 s late (longer than R2CCL_MISMATCH_MS): nothing of another
+    # collective is in process 0's staging, so it waits and the all-reduce completes.
+    from harness import run_ranks
+    res = run_ranks("host_programs", 2, timeout=60, args={"same": True, "delay": 3.0, "n": 100_000})
+    for r in res:
+        assert r["result"]["error"] is None and r["result"]["result"] == 3.0, r

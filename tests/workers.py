@@ -464,6 +464,27 @@ def host_mismatch(ep, rank, world, what):
     return out
 
 
+def host_programs(ep, rank, world, same, delay=0.0, n=1000, timeout=20.0):
+    """Each process runs "its program": with same=False, process r's collectives carry the
+    tags of program "prog-r" (as processes that compiled different programs would); with
+    same=True both run one program, process 1 starting `delay` s late. Returns the error (or
+    None), its cause, the result and how long the call took."""
+    from jax_r2ccl.transport.host_collectives import HostCollectives
+    hc = HostCollectives(ep, name="prog" if same else f"prog-{rank}")
+    if rank == 1 and delay:
+        time.sleep(delay)
+    out = {"error": None, "cause": None, "result": None}
+    t0 = time.monotonic()
+    try:
+        res = hc.run("all_reduce", [np.full(n, rank + 1, np.float32)], process_of_rank=list(range(world)),
+                     my_ranks=[rank], timeout=timeout)
+        out["result"] = float(res[0][0]) if res[0].size and np.all(res[0] == res[0][0]) else "uneven"
+    except R2cclError as e:
+        out.update(error=str(e), cause=e.cause)
+    out["seconds"] = time.monotonic() - t0
+    return out
+
+
 def host_latency(ep, rank, world, n=2, iters=300):
     """Median time of a tiny all-reduce through the host-level API (no JAX)."""
     from jax_r2ccl.transport.host_collectives import HostCollectives

@@ -18,6 +18,7 @@ std::string Config::validate() const {
   if (heartbeat_ms < 1) return bad("R2CCL_HEARTBEAT_MS", "must be >= 1");
   if (heartbeat_misses < 1) return bad("R2CCL_HEARTBEAT_MISSES", "must be >= 1");
   if (stall_ms < 1) return bad("R2CCL_STALL_MS", "must be >= 1");
+  if (mismatch_ms < 1 || mismatch_ms > 3600000) return bad("R2CCL_MISMATCH_MS", "must be 1..3600000");
   if (reprobe_ms < 1) return bad("R2CCL_REPROBE_MS", "must be >= 1");
   if (connect_timeout_ms < 1) return bad("R2CCL_CONNECT_TIMEOUT_MS", "must be >= 1");
   if (tcp_user_timeout_ms < 0) return bad("R2CCL_TCP_USER_TIMEOUT_MS", "must be >= 0");

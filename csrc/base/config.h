@@ -24,6 +24,7 @@ struct Config {
   int rail_queue_ms = 10;                    // R2CCL_RAIL_QUEUE_MS: a rail's window = its bandwidth x this (+ its RTT)
   int conns_per_nic = 1;                     // R2CCL_CONNS_PER_NIC: TCP connections per NIC pair
   double timeout_s = 30.0;                   // R2CCL_TIMEOUT: all rails down / no progress -> error
+  int mismatch_ms = 2000;                    // R2CCL_MISMATCH_MS: a peer evidently in another collective this long -> mismatch
   int heartbeat_ms = 100;                    // R2CCL_HEARTBEAT_MS: idle-rail heartbeat period
   int heartbeat_misses = 3;                  // R2CCL_HEARTBEAT_MISSES: silent periods before a rail fails
   int stall_ms = 250;                        // R2CCL_STALL_MS: busy rail without acks while siblings progress

@@ -10,6 +10,7 @@
 #include <array>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <future>
 #include <map>
@@ -82,6 +83,12 @@ uint64_t mix_tag(uint64_t base, uint64_t phase, uint64_t a, uint64_t b, uint64_t
   return h;
 }
 
+std::string hex_id(uint64_t v) {
+  char buf[20];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
 bool overlaps(const void* a, uint64_t an, const void* b, uint64_t bn) {
   auto x = reinterpret_cast<uintptr_t>(a), y = reinterpret_cast<uintptr_t>(b);
   return an && bn && x < y + bn && y < x + an;
@@ -95,7 +102,8 @@ class Executor::Op {
       : ex_(ex), ep_(ep), c_(std::move(c)), me_(my_process), opt_(opt), esize_(dtype_size(c_.dtype)) {
     plan_kind_ = opt_.plan;
     if (!c_.plan.empty()) parse_plan(c_.plan, &plan_kind_);   // validated by validate()
-    deadline_ns_ = mono_ns() + static_cast<int64_t>(c_.timeout_s * kNs);
+    started_ns_ = mono_ns();
+    deadline_ns_ = started_ns_ + static_cast<int64_t>(c_.timeout_s * kNs);
     for (int p : c_.process_of_rank)
       if (std::find(procs_.begin(), procs_.end(), p) == procs_.end()) procs_.push_back(p);
     mi_ = static_cast<int>(std::find(procs_.begin(), procs_.end(), me_) - procs_.begin());
@@ -114,8 +122,10 @@ class Executor::Op {
     return step();
   }
 
+  // The executor's step: also looks for a peer that is evidently in another collective.
   bool step_locked() {
     std::lock_guard<std::mutex> g(step_mu_);
+    if (!finished_ && diverged()) return true;
     return step();
   }
 
@@ -324,16 +334,19 @@ class Executor::Op {
   // What this process believes the collective is; every peer in the group sends its own and
   // a difference (dtype, op, size, root, group) fails the call on every process with both
   // versions named. Equal-sized mismatches (float32 vs int32) would otherwise go unseen.
-  std::array<uint64_t, 4> signature() const {
+  using Sig = std::array<uint64_t, 6>;
+  std::array<uint64_t, 6> signature() const {
     uint64_t group_hash = 0xCBF29CE484222325ull;
     for (int p : c_.process_of_rank) group_hash = (group_hash ^ static_cast<uint64_t>(p)) * 0x100000001B3ull;
     const uint64_t plan = c_.kind == Kind::kAllReduce ? static_cast<uint64_t>(plan_kind_) : 0;
+    // Words 4 and 5 say which collective instance this is (an announcement recognisable in a
+    // peer's staging: see diverged()); only words 0-3 are compared.
     return {static_cast<uint64_t>(c_.kind) | static_cast<uint64_t>(c_.dtype) << 8 | static_cast<uint64_t>(c_.op) << 16 |
                 plan << 24,
-            c_.count, static_cast<uint64_t>(c_.root), group_hash};
+            c_.count, static_cast<uint64_t>(c_.root), group_hash, kSigMagic, c_.tag};
   }
 
-  static std::string describe_signature(const std::array<uint64_t, 4>& s) {
+  static std::string describe_signature(const Sig& s) {
     auto kind = static_cast<Kind>(s[0] & 0xff);
     auto dtype = static_cast<DType>((s[0] >> 8) & 0xff);
     auto op = static_cast<ReduceOp>((s[0] >> 16) & 0xff);
@@ -392,6 +405,44 @@ class Executor::Op {
     record_plan(pc.kind, pc.shares, caps);
   }
 
+  // Processes that run different programs (or the same collectives in another order) never
+  // meet: each waits for the other's announcement of this collective while the other's
+  // announcement of a different one sits in its staging. After R2CCL_MISMATCH_MS without the
+  // peer's signature, this looks at what the peer sent that no receive has claimed; an
+  // announcement of a collective this executor has not run, still there a quarter of that
+  // later, fails the call with both named (each process sees the same, so both fail).
+  // Executor thread only (it calls into the engine).
+  bool diverged() {
+    const int64_t grace = static_cast<int64_t>(ep_.config().mismatch_ms) * 1000000;
+    const int64_t now = mono_ns();
+    if (sig_msgs_.empty() || now < started_ns_ + grace || now < next_probe_ns_) return false;
+    next_probe_ns_ = now + std::max<int64_t>(grace / 4, 1000000);
+    for (const SigMsg& sm : sig_msgs_) {
+      if (msgs_[sm.msg].req->finished()) continue;   // that peer answered: not this
+      for (auto& [tag, head] : ep_.staged_heads(sm.peer_process, kSigBytes)) {
+        (void)tag;
+        Sig other;
+        std::memcpy(other.data(), head.data(), kSigBytes);
+        if (other[4] != kSigMagic || other[5] == c_.tag || ex_->ran(other[5])) continue;
+        if (!suspect_) {   // once more, a quarter of the grace later, before anyone is blamed
+          suspect_ = true;
+          return false;
+        }
+        Error e(Cause::kMismatch, sm.peer_process,
+                "process " + std::to_string(sm.peer_process) + " is in another collective, " +
+                    describe_signature(other) + " (id " + hex_id(other[5]) + "), while process " +
+                    std::to_string(me_) + " waits in " + describe_signature(my_sig_) + " (id " + hex_id(c_.tag) +
+                    ")" + (c_.what.empty() ? "" : " [" + c_.what + "]") + " for it (" +
+                    std::to_string((now - started_ns_) / 1000000) +
+                    " ms): the processes run different programs, or the same collectives in a different order");
+        finish(&e);
+        return true;
+      }
+    }
+    suspect_ = false;
+    return false;
+  }
+
   void record_plan(PlanKind kind, std::vector<double> shares, std::vector<double> caps) {
     std::lock_guard<std::mutex> g(ex_->plan_mu_);
     PlanRecord& r = ex_->last_plan_;
@@ -408,9 +459,9 @@ class Executor::Op {
   bool signatures_agree() {
     for (const SigMsg& sm : sig_msgs_) {
       if (!msgs_[sm.msg].req->finished() || msgs_[sm.msg].req->failed()) continue;
-      std::array<uint64_t, 4> peer;
+      Sig peer;
       std::memcpy(peer.data(), sm.where, kSigBytes);
-      if (peer != my_sig_) {
+      if (!std::equal(peer.begin(), peer.begin() + 4, my_sig_.begin())) {
         Error e(Cause::kMismatch, sm.peer_process,
                 "process " + std::to_string(sm.peer_process) + " called " + describe_signature(peer) +
                     " but process " + std::to_string(me_) + " called " + describe_signature(my_sig_) +
@@ -592,7 +643,7 @@ class Executor::Op {
   std::vector<Piece> pieces_;
   std::vector<Copy> final_copies_;
   std::deque<std::vector<uint8_t>> temps_;
-  std::array<uint64_t, 4> my_sig_{};
+  Sig my_sig_{};
   struct SigMsg {
     int msg;                 // message index
     int peer_process;
@@ -600,7 +651,11 @@ class Executor::Op {
   };
   std::vector<SigMsg> sig_msgs_;
   std::set<int> sig_sends_;  // message indices of this process's signature sends
-  static constexpr uint64_t kSigBytes = 32;
+  static constexpr uint64_t kSigBytes = 48;
+  static constexpr uint64_t kSigMagic = 0x5347495343435232ull;   // "2RCCSIGS"
+  int64_t started_ns_ = 0;       // diverged(): when this op started, and its last look at staging
+  int64_t next_probe_ns_ = 0;
+  bool suspect_ = false;
 };
 
 Executor::Executor(Endpoint& ep, int my_process, CollectiveOptions opt)
@@ -635,6 +690,7 @@ void Executor::submit(ProcessCall call) {
     if (call.done) call.done(&e);
     return;
   }
+  note_ran(call.tag);
   auto op = std::make_shared<Op>(this, ep_, std::move(call), my_process_, opt_);
   std::weak_ptr<Op> weak = op;
   op->set_wake([waker = waker_, weak] {
@@ -665,6 +721,21 @@ void Executor::submit(ProcessCall call) {
     wake_ = wake_ || wake;
   }
   if (wake) cv_.notify_one();
+}
+
+void Executor::note_ran(uint64_t tag) {
+  std::lock_guard<std::mutex> g(ran_mu_);
+  if (!ran_set_.insert(tag).second) return;
+  ran_order_.push_back(tag);
+  if (ran_order_.size() > kRanKept) {
+    ran_set_.erase(ran_order_.front());
+    ran_order_.pop_front();
+  }
+}
+
+bool Executor::ran(uint64_t tag) {
+  std::lock_guard<std::mutex> g(ran_mu_);
+  return ran_set_.count(tag) != 0;
 }
 
 void Executor::set_capacity_source(std::function<double()> fn) {

@@ -19,6 +19,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <unordered_set>
 #include <vector>
 
 #include "base/error.h"
@@ -100,9 +101,17 @@ class Executor {
   void close();
 
   class Op;
+  // Whether a collective with this tag was submitted here lately (the last kRanKept): a
+  // peer's announcement of one is late news, not another program. Any thread.
+  bool ran(uint64_t tag);
 
  private:
   void loop();
+  void note_ran(uint64_t tag);
+  static constexpr size_t kRanKept = 4096;
+  std::mutex ran_mu_;
+  std::unordered_set<uint64_t> ran_set_;
+  std::deque<uint64_t> ran_order_;
 
   Endpoint& ep_;
   int my_process_;

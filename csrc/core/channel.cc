@@ -118,6 +118,21 @@ void ChannelCore::frame_written(int rail, int64_t now) {
   }
 }
 
+std::vector<std::pair<uint64_t, std::vector<uint8_t>>> ChannelCore::staged_heads(size_t n) const {
+  std::vector<std::pair<uint64_t, std::vector<uint8_t>>> out;
+  for (auto& [key, id] : ch.unexpected) {
+    auto it = ch.inmsgs.find(id);
+    if (it == ch.inmsgs.end() || !it->second.staged) continue;
+    auto c = it->second.chunks.find(0);
+    if (c == it->second.chunks.end() || c->second.size() < n) continue;
+    bool reading = false;   // (a chunk still being read may hold storage ahead of its bytes)
+    for (auto& r : ch.rails) reading = reading || (r->rx.in_payload && r->rx.grow == &c->second);
+    if (reading) continue;
+    out.push_back({key.first, std::vector<uint8_t>(c->second.begin(), c->second.begin() + static_cast<long>(n))});
+  }
+  return out;
+}
+
 void ChannelCore::transport_frame(int rail, TxFrame f) {
   Rail& r = *ch.rails[static_cast<size_t>(rail)];
   if (!r.cur.active)

@@ -264,6 +264,8 @@ class ChannelCore {
   const std::string& rail_name(int rail) const { return rail_names_[static_cast<size_t>(rail)]; }
   // Bytes held for messages that arrived before their receive was posted.
   uint64_t staged_bytes() const;
+  // Unclaimed messages: (tag, first n bytes) of those whose first n bytes arrived.
+  std::vector<std::pair<uint64_t, std::vector<uint8_t>>> staged_heads(size_t n) const;
 
  private:
   void queue_ctrl(Rail& r, FrameType t, std::vector<uint8_t> payload, uint64_t seq = 0);

@@ -102,6 +102,9 @@ class Endpoint {
   std::vector<int> peers();
   // Bytes held for messages that arrived before their receive was posted.
   uint64_t staged_bytes();
+  // Messages from `peer` that no receive has claimed yet: (tag, their first `n` bytes), for
+  // those whose first n bytes are here. Any thread but the engine's.
+  std::vector<std::pair<uint64_t, std::vector<uint8_t>>> staged_heads(int peer, size_t n);
 
   // Says goodbye to every peer and stops the engine. Pending requests fail with kClosed.
   void close();

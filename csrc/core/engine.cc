@@ -613,6 +613,15 @@ uint64_t Engine::staged_bytes() {
   return n;
 }
 
+std::vector<std::pair<uint64_t, std::vector<uint8_t>>> Engine::staged_heads(int rank, size_t n) {
+  std::vector<std::pair<uint64_t, std::vector<uint8_t>>> out;
+  call([&] {
+    auto it = peers_.find(rank);
+    if (it != peers_.end()) out = it->second->core->staged_heads(n);
+  });
+  return out;
+}
+
 void Engine::set_weight(int rank, int rail, double w) {
   if (!(w >= 0) || !std::isfinite(w)) throw Error(Cause::kInvalidArgument, rank, "rail weight must be finite and >= 0");
   call([&] {
@@ -740,6 +749,9 @@ void Endpoint::set_nic_state(int nic, bool up, const std::string& why) { engine_
 std::vector<NicInfo> Endpoint::nics() const { return engine_->nic_list(); }
 std::vector<int> Endpoint::peers() { return engine_->peer_list(); }
 uint64_t Endpoint::staged_bytes() { return engine_->staged_bytes(); }
+std::vector<std::pair<uint64_t, std::vector<uint8_t>>> Endpoint::staged_heads(int peer, size_t n) {
+  return engine_->staged_heads(peer, n);
+}
 void Endpoint::close() { engine_->shutdown(); }
 void Endpoint::testing_block_engine(double seconds) { engine_->testing_block(seconds); }
 void Endpoint::testing_set_call_timeout(double seconds) {

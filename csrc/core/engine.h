@@ -124,6 +124,7 @@ class Engine {
   std::vector<NicInfo> nic_list() const;
   std::vector<int> peer_list();
   uint64_t staged_bytes();
+  std::vector<std::pair<uint64_t, std::vector<uint8_t>>> staged_heads(int peer, size_t n);
   void shutdown();
 
  private:

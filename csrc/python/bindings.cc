@@ -151,6 +151,7 @@ NB_MODULE(_core, m) {
   config_field(config_cls, config_defaults, "heartbeat_ms", &Config::heartbeat_ms);
   config_field(config_cls, config_defaults, "heartbeat_misses", &Config::heartbeat_misses);
   config_field(config_cls, config_defaults, "stall_ms", &Config::stall_ms);
+  config_field(config_cls, config_defaults, "mismatch_ms", &Config::mismatch_ms);
   config_field(config_cls, config_defaults, "reprobe_ms", &Config::reprobe_ms);
   config_field(config_cls, config_defaults, "connect_timeout_ms", &Config::connect_timeout_ms);
   config_field(config_cls, config_defaults, "tcp_user_timeout_ms", &Config::tcp_user_timeout_ms);
