@@ -82,6 +82,11 @@ struct CollectiveOptions {
   PlanKind plan = PlanKind::kAuto;       // R2CCL_PLAN
 };
 
+// Threads: one executor thread runs every call's steps; submit, run, set_capacity_source,
+// last_plan, ran and close are safe from any thread but the endpoint's engine thread (run
+// and close wait). A call's `done` runs on the executor thread, or on the engine thread
+// when a small all-reduce completes there (Op::try_complete_inline). The endpoint must
+// outlive it (close() first).
 class Executor {
  public:
   Executor(Endpoint& ep, int my_process, CollectiveOptions opt = {});

@@ -43,6 +43,10 @@ struct DeviceCall {
   std::function<void(const Error*)> done;
 };
 
+// Threads: device_call, abandon, check and local_ranks come from XLA's threads (one per
+// local device, any order), register_comm from the Python thread; all are safe from any
+// thread but the engine's. A watchdog thread of its own fails local rendezvous that never
+// complete. The endpoint and executor must outlive it (uninstall and destroy it first).
 class Runtime {
  public:
   Runtime(Endpoint& ep, Executor& ex, int my_process, double timeout_s);

@@ -49,6 +49,12 @@ struct NicInfo {
 
 class Engine;
 
+// Threads. Every call below is safe from any thread except the engine's own (the thread
+// that runs on_finish callbacks): those that ask the engine something wait for its answer
+// (Engine::call), and from the engine thread they fail at once with kInternal instead of
+// waiting for themselves (cancel and wait must not be called there at all: cancel would do
+// nothing, wait would wait for itself). The exceptions are marked: post_send and post_recv
+// only queue work; rank, world, addresses, config and nics read values fixed at construction.
 class Endpoint {
  public:
   // `secret` is the job's shared secret (any bytes, at least 16); `nics` name interfaces or
@@ -59,9 +65,9 @@ class Endpoint {
   Endpoint(const Endpoint&) = delete;
   Endpoint& operator=(const Endpoint&) = delete;
 
-  int rank() const;
-  int world() const;
-  std::vector<std::string> addresses() const;   // "ip:port", one per NIC, in NIC order
+  int rank() const;                             // any thread
+  int world() const;                            // any thread
+  std::vector<std::string> addresses() const;   // "ip:port", one per NIC, in NIC order; any thread
 
   // Declares a peer and its listen addresses (its addresses()); rails start connecting.
   void add_peer(int peer, const std::vector<std::string>& addresses);
@@ -71,7 +77,9 @@ class Endpoint {
   // starts degraded, the missing rails are logged and keep re-dialling).
   void wait_ready(const std::vector<int>& peers, double timeout_s, double degraded_after_s = -1);
 
-  // on_finish (optional) runs once on the engine thread when the request finishes: keep it short.
+  // on_finish (optional) runs once on the engine thread when the request finishes: keep it
+  // short, and do not call into this endpoint from it except post_send / post_recv. Any
+  // thread, the engine's included (the request is queued, never waited for).
   std::shared_ptr<Request> post_send(int peer, uint64_t tag, const void* buf, uint64_t len,
                                      std::function<void()> on_finish = {});
   std::shared_ptr<Request> post_recv(int peer, uint64_t tag, void* buf, uint64_t len,

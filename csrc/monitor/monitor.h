@@ -52,6 +52,9 @@ struct NicHealth {
   int downs = 0;              // link-down events seen
 };
 
+// Threads: its own sampling thread steers the endpoint; every public call is safe from any
+// thread but the endpoint's engine thread (rails() and nics() read under the monitor's lock;
+// events() may block for its timeout). The endpoint must outlive it (close() first).
 class Monitor {
  public:
   Monitor(Endpoint& ep, const Config& cfg);
