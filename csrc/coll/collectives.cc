@@ -157,7 +157,16 @@ class Executor::Op {
     if (!signatures_agree()) return true;   // the clearest account of a disagreement comes first
     for (auto& m : msgs_)
       if (m.req && m.req->finished() && m.req->failed()) {
-        Error e(m.req->error_cause(), m.peer_process, describe() + ": " + m.req->error_message());
+        // A peer that found the two of us in different collectives may fail and leave before
+        // this process looked: its announcement, still here, is the better account.
+        Sig other;
+        const Cause c = m.req->error_cause();
+        if ((c == Cause::kPeerGone || c == Cause::kClosed || c == Cause::kTimeout) && awaits_signature(m.peer_process) &&
+            foreign_announcement(m.peer_process, &other)) {
+          Error e = divergence(m.peer_process, other, mono_ns());
+          return finish(&e);
+        }
+        Error e(c, m.peer_process, describe() + ": " + m.req->error_message());
         return finish(&e);
       }
     if (plan_pending_) post_planned();
@@ -419,28 +428,45 @@ class Executor::Op {
     next_probe_ns_ = now + std::max<int64_t>(grace / 4, 1000000);
     for (const SigMsg& sm : sig_msgs_) {
       if (msgs_[sm.msg].req->finished()) continue;   // that peer answered: not this
-      for (auto& [tag, head] : ep_.staged_heads(sm.peer_process, kSigBytes)) {
-        (void)tag;
-        Sig other;
-        std::memcpy(other.data(), head.data(), kSigBytes);
-        if (other[4] != kSigMagic || other[5] == c_.tag || ex_->ran(other[5])) continue;
-        if (!suspect_) {   // once more, a quarter of the grace later, before anyone is blamed
-          suspect_ = true;
-          return false;
-        }
-        Error e(Cause::kMismatch, sm.peer_process,
-                "process " + std::to_string(sm.peer_process) + " is in another collective, " +
-                    describe_signature(other) + " (id " + hex_id(other[5]) + "), while process " +
-                    std::to_string(me_) + " waits in " + describe_signature(my_sig_) + " (id " + hex_id(c_.tag) +
-                    ")" + (c_.what.empty() ? "" : " [" + c_.what + "]") + " for it (" +
-                    std::to_string((now - started_ns_) / 1000000) +
-                    " ms): the processes run different programs, or the same collectives in a different order");
-        finish(&e);
-        return true;
+      Sig other;
+      if (!foreign_announcement(sm.peer_process, &other)) continue;
+      if (!suspect_) {   // once more, a quarter of the grace later, before anyone is blamed
+        suspect_ = true;
+        return false;
       }
+      Error e = divergence(sm.peer_process, other, now);
+      finish(&e);
+      return true;
     }
     suspect_ = false;
     return false;
+  }
+
+  // This op has not had `peer`'s signature (its receive is pending or failed).
+  bool awaits_signature(int peer) const {
+    for (const SigMsg& sm : sig_msgs_)
+      if (sm.peer_process == peer && (!msgs_[sm.msg].req->finished() || msgs_[sm.msg].req->failed())) return true;
+    return false;
+  }
+
+  // An announcement from `peer` of a collective this executor never ran, waiting unclaimed.
+  bool foreign_announcement(int peer, Sig* out) {
+    for (auto& [tag, head] : ep_.staged_heads(peer, kSigBytes)) {
+      (void)tag;
+      std::memcpy(out->data(), head.data(), kSigBytes);
+      if ((*out)[4] == kSigMagic && (*out)[5] != c_.tag && !ex_->ran((*out)[5])) return true;
+    }
+    return false;
+  }
+
+  Error divergence(int peer, const Sig& other, int64_t now) const {
+    return Error(Cause::kMismatch, peer,
+                 "process " + std::to_string(peer) + " is in another collective, " + describe_signature(other) +
+                     " (id " + hex_id(other[5]) + "), while process " + std::to_string(me_) + " waits in " +
+                     describe_signature(my_sig_) + " (id " + hex_id(c_.tag) + ")" +
+                     (c_.what.empty() ? "" : " [" + c_.what + "]") + " for it (" +
+                     std::to_string((now - started_ns_) / 1000000) +
+                     " ms): the processes run different programs, or the same collectives in a different order");
   }
 
   void record_plan(PlanKind kind, std::vector<double> shares, std::vector<double> caps) {
