@@ -102,9 +102,11 @@ def test_strangers_on_the_listen_port_are_rejected_and_the_transfer_is_exact():
     assert r["exact"]
     # nobody but the job got a challenge: garbage and foreign jobs get nothing back
     assert r["answers"]["garbage"] == 0 and r["answers"]["http"] == 0 and r["answers"]["other_job"] == 0, r
+    assert r["answers"]["short_hello"] == 0, r
     import cluster
     if not cluster.active():   # multi-host mode runs ranks in-process: their log is the host's stderr
         assert "rejected connection" in rs[1]["output"]
+        assert "hello of wrong length" in rs[1]["output"], rs[1]["output"][-2000:]
     assert all(s["failures"] == 0 for s in r["stats"]), r["stats"]
 
 

@@ -252,6 +252,8 @@ def strangers(ep, rank, world, nbytes=32 << 20):
     dial("garbage", os.urandom(4096))
     dial("http", b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
     dial("other_job", _core._encode_frame(1, _core._encode_hello(secret_guess, 0, 1, 0)))
+    # a hello frame shorter than a hello: rejected by its header, before its bytes are copied
+    dial("short_hello", _core._encode_frame(1, b"\x01" * 8))
     req.wait()
     stats = _stats_summary(ep, peer)
     barrier(ep, rank, world)

@@ -738,6 +738,7 @@ void ChannelCore::cancel(const std::shared_ptr<Request>& req, Cause cause, const
         if (w != ch.window.end() && w->second.req == req) {
           r->cur.owned.assign(r->cur.payload, r->cur.payload + r->cur.payload_len);
           r->cur.payload = r->cur.owned.data();
+          io_->payload_moved(r->index);
         }
       }
     auto to_void = [](Chunk& c) {

@@ -199,6 +199,9 @@ class RailIo {
   virtual void drop(int rail, bool was_up) = 0;
   // The peer reports the far end of a down rail up again: dial now if this side dials.
   virtual void redial(int rail) = 0;
+  // The payload of the rail's frame being written (Rail::cur) was copied into cur.owned (its
+  // send was cancelled, so its buffer goes back to the caller): write the rest from there.
+  virtual void payload_moved(int rail) = 0;
 };
 
 // Settings a channel runs by (from Config; tests make them small).

@@ -42,9 +42,10 @@ Engine::Engine(const Config& cfg, int rank, int world, const std::vector<std::st
   nic_down_why_.assign(nics_.size(), std::string());
   auto id = sha256(secret.data(), secret.size());
   job_id_ = load_le64(id.data());
-  sockopt_.buffer_bytes = cfg.socket_buffer_bytes;
-  sockopt_.user_timeout_ms = cfg.tcp_user_timeout_ms;
-  sockopt_.bind_device = cfg.bind_device;
+  linkopt_.header_bytes = kHeaderBytes;
+  linkopt_.buffer_bytes = cfg.socket_buffer_bytes;
+  linkopt_.user_timeout_ms = cfg.tcp_user_timeout_ms;
+  linkopt_.bind_device = cfg.bind_device;
   limits_.max_chunk_bytes = kChunkBytesMax;   // no valid chunk_bytes cuts a larger chunk
   limits_.max_message_bytes = cfg.max_message_bytes;
   scratch_.resize(256 << 10);
@@ -56,11 +57,11 @@ Engine::Engine(const Config& cfg, int rank, int world, const std::vector<std::st
   epoll_add(wakefd_, &wake_poll_, EPOLLIN);
   for (size_t i = 0; i < nics_.size(); i++) {
     int port = cfg.port > 0 ? cfg.port + static_cast<int>(i) : 0;
-    listeners_.push_back(tp_->listen(nics_[i], port, sockopt_));
+    listeners_.push_back(tp_->listen(nics_[i], port, linkopt_));
     auto p = std::make_unique<Pollable>();
     p->kind = Pollable::kListener;
     p->index = static_cast<int>(i);
-    epoll_add(listeners_.back()->fd(), p.get(), EPOLLIN);
+    epoll_add(listeners_.back()->wait_fd(), p.get(), EPOLLIN);
     listener_polls_.push_back(std::move(p));
     addresses_.push_back(listeners_.back()->local_addr().str());
   }
@@ -221,13 +222,27 @@ void Engine::add_peer(int peer, const std::vector<std::string>& addrs) {
 void Peer::kick(int rail) { eng->rail_flush(*this, *links[static_cast<size_t>(rail)]); }
 void Peer::drop(int rail, bool was_up) { eng->drop_link(*this, *links[static_cast<size_t>(rail)], was_up); }
 void Peer::redial(int rail) { eng->redial_link(*this, *links[static_cast<size_t>(rail)]); }
+void Peer::payload_moved(int rail) {
+  Link& l = *links[static_cast<size_t>(rail)];
+  // Sockets always can (tcp_link.cc); a transport that cannot would have to keep the
+  // cancelled send's buffer until the post completes.
+  if (l.link && l.posted && !l.link->move_payload(l.cookie, this->rail(rail).cur.payload))
+    R2_ERROR("%s: the transport cannot move a posted payload", core->rail_name(rail).c_str());
+}
+
+void Engine::set_link(Link& l, std::unique_ptr<FrameLink> link) {
+  l.link = std::move(link);
+  l.generation++;
+  l.posted = false;
+  l.piece_posted = false;
+}
 
 void Engine::drop_link(Peer& pr, Link& l, bool was_up) {
   (void)pr;
-  if (l.conn) {
-    epoll_del(l.conn->fd());
-    if (was_up) l.conn->shutdown();
-    l.conn.reset();
+  if (l.link) {
+    epoll_del(l.link->wait_fd());
+    if (was_up) l.link->shutdown();
+    set_link(l, nullptr);
   }
   l.events = 0;
   if (!was_up) l.refused = false;   // only ECONNREFUSED counts as a refusal (attempt_failed)
@@ -266,7 +281,7 @@ void Engine::epoll_mod(int fd, Pollable* p, uint32_t ev) {
 void Engine::epoll_del(int fd) { epoll_ctl(epfd_, EPOLL_CTL_DEL, fd, nullptr); }
 
 void Engine::set_interest(Link& l) {
-  if (!l.conn) return;
+  if (!l.link) return;
   const Rail& r = l.peer->rail(l.index);
   uint32_t ev = 0;
   if (l.fault != Fault::kStall) {
@@ -275,7 +290,7 @@ void Engine::set_interest(Link& l) {
     if (r.state == RailState::kConnecting || (r.cur.active && !rate_wait)) ev |= EPOLLOUT;
   }
   if (ev != l.events) {
-    epoll_mod(l.conn->fd(), &l.poll, ev);
+    epoll_mod(l.link->wait_fd(), &l.poll, ev);
     l.events = ev;
   }
 }
@@ -364,14 +379,14 @@ void Engine::on_event(Pollable* p, uint32_t ev) {
     }
     case Pollable::kRail: {
       auto* l = static_cast<Link*>(p->obj);
-      if (!l->conn || l->conn->fd() != p->fd) return;   // replaced or closed in this batch
+      if (!l->link || l->link->wait_fd() != p->fd) return;   // replaced or closed in this batch
       Peer& pr = *l->peer;
       if (pr.rail(l->index).state == RailState::kConnecting) {
         if (ev & (EPOLLOUT | EPOLLERR | EPOLLHUP)) rail_writable(pr, *l);
         return;
       }
       if (ev & (EPOLLIN | EPOLLERR | EPOLLHUP)) rail_readable(pr, *l);
-      if (l->conn && l->conn->fd() == p->fd && (ev & EPOLLOUT)) rail_writable(pr, *l);
+      if (l->link && l->link->wait_fd() == p->fd && (ev & EPOLLOUT)) rail_writable(pr, *l);
       return;
     }
   }
@@ -467,18 +482,21 @@ bool Engine::probe_refused(Peer& pr) {
   for (auto& l : pr.links) {
     if (l->fault == Fault::kClose || l->fault == Fault::kStall) continue;
     const Rail& r = pr.rail(l->index);
-    std::unique_ptr<Connection> c;
+    std::unique_ptr<FrameLink> c;
     try {
-      c = tp_->connect(nics_[r.local_nic], pr.remote[r.remote_nic], sockopt_);
+      c = tp_->connect(nics_[r.local_nic], pr.remote[r.remote_nic], linkopt_);
     } catch (const Error&) {
       continue;
     }
-    pollfd pfd{c->fd(), POLLOUT, 0};
-    ::poll(&pfd, 1, 100);
-    IoResult res = c->finish_connect();
+    ConnectState st = c->finish_connect();
+    if (st == ConnectState::kPending) {
+      pollfd pfd{c->wait_fd(), POLLOUT, 0};
+      ::poll(&pfd, 1, 100);
+      st = c->finish_connect();
+    }
     R2_INFO("liveness probe of %s: %s", pr.core->peer_name().c_str(),
-            res.kind == IoResult::kOk ? "listening" : res.kind == IoResult::kError ? std::strerror(res.err) : "no answer");
-    return res.kind == IoResult::kError && res.err == ECONNREFUSED;
+            st == ConnectState::kUp ? "listening" : st == ConnectState::kFailed ? c->failure().detail.c_str() : "no answer");
+    return st == ConnectState::kFailed && c->failure().error == LinkError::kRefused;
   }
   return false;
 }
@@ -553,7 +571,7 @@ void Engine::inject(int rank, int rail, Fault fault, double rate) {
     pr.core->set_paused(rail, fault == Fault::kStall, now);
     if (fault == Fault::kClose && r.state != RailState::kDown)
       pr.core->fail_rail(rail, FailReason::kInjected, "closed by injected fault", now);
-    if (l.conn) set_interest(l);
+    if (l.link) set_interest(l);
     if (fault == Fault::kNone) {
       l.next_attempt_ns = 0;
       if (r.state == RailState::kUp) rail_writable(pr, l);

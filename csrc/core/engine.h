@@ -35,13 +35,14 @@ struct Pollable {
 
 // An accepted connection that has not yet proven it belongs to the job.
 struct Pending {
-  std::unique_ptr<Connection> conn;
+  std::unique_ptr<FrameLink> link;
   Pollable poll{Pollable::kPending};
   int nic = 0;
   int stage = 0;                  // 0: await hello, 1: await auth
   bool parked = false;            // hello names a peer not yet added; wait for add_peer
   bool dead = false;
   RxFrame rx;
+  bool piece_posted = false;
   uint8_t hello[kHelloBytes];
   HelloBody hb{};
   std::array<uint8_t, kNonceBytes> nonce{};
@@ -56,7 +57,11 @@ struct Peer;
 struct Link {
   Peer* peer = nullptr;
   int index = 0;
-  std::unique_ptr<Connection> conn;
+  std::unique_ptr<FrameLink> link; // the transport's link (net/transport.h); null while down
+  uint64_t generation = 0;         // bumped whenever `link` is replaced or dropped
+  bool posted = false;             // Rail::cur is posted to the link (its cookie: `cookie`)
+  uint64_t cookie = 0;
+  bool piece_posted = false;       // receive space for Rail::rx's payload is posted
   Pollable poll{Pollable::kRail};
   uint32_t events = 0;             // epoll interest currently registered
   uint32_t epoch = 0;
@@ -89,6 +94,7 @@ struct Peer final : RailIo {
   void kick(int rail) override;
   void drop(int rail, bool was_up) override;
   void redial(int rail) override;
+  void payload_moved(int rail) override;
 };
 
 class Engine {
@@ -153,6 +159,7 @@ class Engine {
   void rail_writable(Peer& pr, Link& l);
   bool rail_flush(Peer& pr, Link& l);     // false: the rail failed
   void drop_link(Peer& pr, Link& l, bool was_up);
+  void set_link(Link& l, std::unique_ptr<FrameLink> link);
   void redial_link(Peer& pr, Link& l);
   bool may_dial(const Peer& pr, const Link& l) const;
   void set_interest(Link& l);
@@ -170,10 +177,10 @@ class Engine {
   std::vector<Nic> nics_;
   std::string secret_;
   uint64_t job_id_ = 0;
-  SocketOptions sockopt_;
+  LinkOptions linkopt_;
   WireLimits limits_{};
   std::unique_ptr<Transport> tp_;
-  std::vector<std::unique_ptr<Listener>> listeners_;
+  std::vector<std::unique_ptr<FrameListener>> listeners_;
   std::vector<std::unique_ptr<Pollable>> listener_polls_;
   std::vector<std::string> addresses_;
 

@@ -33,12 +33,12 @@ void Engine::accept_all(int nic) {
       continue;
     }
     auto p = std::make_unique<Pending>();
-    p->conn = std::move(c);
+    p->link = std::move(c);
     p->nic = nic;
     p->poll.obj = p.get();
     p->deadline_ns = now_ns() + cfg_.connect_timeout_ms * kMs;
-    p->desc = p->conn->describe();
-    epoll_add(p->conn->fd(), &p->poll, EPOLLIN);
+    p->desc = p->link->describe();
+    epoll_add(p->link->wait_fd(), &p->poll, EPOLLIN);
     pendings_.push_back(std::move(p));
   }
 }
@@ -47,40 +47,42 @@ void Engine::pending_reject(Pending& p, const std::string& why, bool quiet) {
   const bool silent = quiet;
   R2_LOG(silent ? LogLevel::kInfo : LogLevel::kWarn, "rejected connection %s on NIC %s: %s", p.desc.c_str(),
          nics_[p.nic].name.c_str(), why.c_str());
-  epoll_del(p.conn->fd());
-  p.conn.reset();
+  epoll_del(p.link->wait_fd());
+  p.link.reset();
   p.dead = true;
 }
 
 void Engine::pending_read(Pending& p) {
   for (;;) {
     if (p.parked) return;   // stays queued in the kernel until the peer is known
-    IoResult res = read_header(*p.conn, p.rx);
-    if (res.kind == IoResult::kWouldBlock) return;
-    if (res.kind != IoResult::kOk) {
-      // A dial that closes without a byte (a liveness probe, a port check) is not an intruder.
-      const bool quiet = res.kind == IoResult::kEof && p.stage == 0 && p.rx.hdr_got == 0;
-      pending_reject(p, res.kind == IoResult::kEof ? "closed before the handshake finished"
-                                                   : std::string("read error: ") + std::strerror(res.err),
-                     quiet);
-      return;
-    }
     if (!p.rx.in_payload) {
+      LinkCompletion c = p.link->poll_recv();
+      if (c.moved) p.rx.hdr_got += c.moved;
+      if (c.kind == LinkCompletion::kNone) return;
+      if (c.kind != LinkCompletion::kHeader) {
+        // A dial that closes without a byte (a liveness probe, a port check) is not an intruder.
+        const LinkFailure& f = p.link->failure();
+        const bool eof = f.error == LinkError::kClosedByPeer && f.sys_error == 0;
+        const bool quiet = eof && p.stage == 0 && p.rx.hdr_got == 0;
+        pending_reject(p, eof ? "closed before the handshake finished" : "read error: " + f.detail, quiet);
+        return;
+      }
+      std::memcpy(p.rx.hdr, c.header, kHeaderBytes);
       std::string bad = decode_header(p.rx.hdr, limits_, &p.rx.h);
       if (!bad.empty()) return pending_reject(p, "invalid frame: " + bad);
       FrameType want = p.stage == 0 ? FrameType::kHello : FrameType::kAuth;
       if (p.rx.h.type != want) return pending_reject(p, "unexpected frame type during handshake");
+      // (decode_header has checked a handshake frame's length: a hello is kHelloBytes.)
       p.rx.ctrl.resize(p.rx.h.payload_len);
+      p.link->accept_header(p.rx.ctrl.size());
+      p.link->post_recv(p.rx.ctrl.data(), p.rx.ctrl.size(), nullptr);
       p.rx.in_payload = true;
-      p.rx.got = 0;
     }
-    while (p.rx.got < p.rx.ctrl.size()) {
-      IoResult r2 = p.conn->read(p.rx.ctrl.data() + p.rx.got, p.rx.ctrl.size() - p.rx.got);
-      if (r2.kind == IoResult::kWouldBlock) return;
-      if (r2.kind != IoResult::kOk) return pending_reject(p, "closed during the handshake");
-      p.rx.got += r2.bytes;
-    }
+    LinkCompletion c = p.link->poll_recv();
+    if (c.kind == LinkCompletion::kNone) return;
+    if (c.kind != LinkCompletion::kPayload) return pending_reject(p, "closed during the handshake");
     p.rx.reset();
+    p.rx.hdr_got = 0;
     if (p.stage == 0) {
       std::memcpy(p.hello, p.rx.ctrl.data(), kHelloBytes);
       p.hb = decode_hello(p.hello);
@@ -108,7 +110,7 @@ void Engine::pending_hello(Pending& p) {
   auto it = peers_.find(static_cast<int>(h.from_rank));
   if (it == peers_.end()) {
     p.parked = true;   // bootstrap race: the peer dialled before add_peer() ran here
-    epoll_mod(p.conn->fd(), &p.poll, 0);
+    epoll_mod(p.link->wait_fd(), &p.poll, 0);
     return;
   }
   Peer& pr = *it->second;
@@ -119,17 +121,15 @@ void Engine::pending_hello(Pending& p) {
     return pending_reject(p, "rail " + std::to_string(h.rail) + " arrived on the wrong NIC");
   if (l.fault == Fault::kClose || l.fault == Fault::kStall)
     return pending_reject(p, "rail " + std::to_string(h.rail) + " is held down by an injected fault", true);
-  epoll_mod(p.conn->fd(), &p.poll, EPOLLIN);
+  epoll_mod(p.link->wait_fd(), &p.poll, EPOLLIN);
   random_bytes(p.nonce.data(), kNonceBytes);
   auto mac = handshake_mac(secret_, kAcceptorLabel, p.hello, p.nonce.data());
   std::vector<uint8_t> body(p.nonce.begin(), p.nonce.end());
   body.insert(body.end(), mac.begin(), mac.end());
   TxFrame f;
   encode_control(&f, FrameType::kChallenge, std::move(body));
-  iovec iov[2] = {{f.hdr, kHeaderBytes}, {f.owned.data(), f.owned.size()}};
-  IoResult res = p.conn->writev(iov, 2);
-  // A fresh socket has room for 128 bytes; anything else means it is already broken.
-  if (res.kind != IoResult::kOk || res.bytes != f.total()) return pending_reject(p, "could not send the challenge");
+  // A fresh link has room for 128 bytes; anything else means it is already broken.
+  if (!send_at_once(*p.link, f)) return pending_reject(p, "could not send the challenge");
   p.stage = 1;
 }
 
@@ -143,16 +143,14 @@ void Engine::admit(Pending& p) {
                                  ", which is held down: " + nic_down_why_[static_cast<size_t>(r.local_nic)]);
   TxFrame f;
   encode_control(&f, FrameType::kWelcome, {});
-  iovec iov[1] = {{f.hdr, kHeaderBytes}};
-  IoResult res = p.conn->writev(iov, 1);
-  if (res.kind != IoResult::kOk || res.bytes != kHeaderBytes) return pending_reject(p, "could not send welcome");
+  if (!send_at_once(*p.link, f)) return pending_reject(p, "could not send welcome");
   if (r.state != RailState::kDown)
     pr.core->fail_rail(idx, FailReason::kReplaced, "replaced by a new connection from the peer", now_ns());
-  if (l.conn) drop_link(pr, l, false);
-  l.conn = std::move(p.conn);
+  if (l.link) drop_link(pr, l, false);
+  set_link(l, std::move(p.link));
   l.epoch = p.hb.epoch;
   l.events = EPOLLIN;
-  epoll_mod(l.conn->fd(), &l.poll, EPOLLIN);
+  epoll_mod(l.link->wait_fd(), &l.poll, EPOLLIN);
   p.dead = true;
   link_up(pr, l);
 }
@@ -168,31 +166,32 @@ void Engine::start_connect(Peer& pr, Link& l) {
                                   : cfg_.connect_timeout_ms;
   l.attempt_deadline_ns = now + deadline_ms * kMs;
   l.epoch++;
+  std::unique_ptr<FrameLink> link;
   try {
-    l.conn = tp_->connect(nics_[r.local_nic], pr.remote[r.remote_nic], sockopt_);
+    link = tp_->connect(nics_[r.local_nic], pr.remote[r.remote_nic], linkopt_);
   } catch (const Error& e) {
-    l.conn.reset();
+    set_link(l, nullptr);
     attempt_failed(pr, l, e.what(), false);
     return;
   }
   // A connect that failed at once (the NIC's route is gone: ENETUNREACH, EINVAL) is reported
   // now with its cause; waiting for readiness would only time out.
-  IoResult early = l.conn->finish_connect();
-  if (early.kind == IoResult::kError) {
-    const int err = early.err;
-    l.conn.reset();
-    attempt_failed(pr, l, std::string("connect: ") + std::strerror(err), err == ECONNREFUSED);
+  if (link->finish_connect() == ConnectState::kFailed) {
+    const LinkFailure f = link->failure();
+    set_link(l, nullptr);
+    attempt_failed(pr, l, f.detail, f.error == LinkError::kRefused);
     return;
   }
+  set_link(l, std::move(link));
   pr.core->link_state(l.index, RailState::kConnecting);
   l.events = EPOLLOUT | EPOLLIN;
-  epoll_add(l.conn->fd(), &l.poll, l.events);
+  epoll_add(l.link->wait_fd(), &l.poll, l.events);
 }
 
 void Engine::attempt_failed(Peer& pr, Link& l, const std::string& why, bool refused) {
-  if (l.conn) {
-    epoll_del(l.conn->fd());
-    l.conn.reset();
+  if (l.link) {
+    epoll_del(l.link->wait_fd());
+    set_link(l, nullptr);
   }
   l.events = 0;
   pr.core->link_state(l.index, RailState::kDown, why);

@@ -13,6 +13,7 @@
 #include "core/channel.h"
 #include "core/digest.h"
 #include "core/wire.h"
+#include "net/transport.h"
 
 namespace r2ccl {
 namespace detail {
@@ -49,14 +50,14 @@ inline const char* fault_name(Fault f) {
   return "?";
 }
 
-// Reads into rx.hdr until a whole header is there. Returns kOk when complete.
-inline IoResult read_header(Connection& c, RxFrame& rx) {
-  while (rx.hdr_got < kHeaderBytes) {
-    IoResult res = c.read(rx.hdr + rx.hdr_got, kHeaderBytes - rx.hdr_got);
-    if (res.kind != IoResult::kOk) return res;
-    rx.hdr_got += res.bytes;
-  }
-  return {IoResult::kOk, 0, 0};
+// Posts a small frame on a fresh link and writes it now: false when it did not all go.
+inline bool send_at_once(FrameLink& link, const TxFrame& f) {
+  SendPost p;
+  p.header = f.hdr;
+  p.payload = f.payload ? f.payload : f.owned.data();
+  p.payload_len = f.payload_len;
+  link.post_send(p);
+  return link.poll_send().kind == LinkCompletion::kSent;
 }
 
 }  // namespace detail

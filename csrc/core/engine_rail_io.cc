@@ -28,11 +28,20 @@ bool Engine::rail_flush(Peer& pr, Link& l) {
   if (l.flushing) return true;   // a kick from inside this loop: the loop writes it
   l.flushing = true;
   Rail& r = pr.rail(l.index);
-  bool ok = true;
   while (r.cur.active) {
-    if (l.fault == Fault::kStall || !l.conn) break;
-    size_t left = r.cur.total() - r.cur.done;
+    if (l.fault == Fault::kStall || !l.link) break;
+    if (!l.posted) {
+      SendPost post;
+      post.header = r.cur.hdr;
+      post.payload = r.cur.payload;
+      post.payload_len = r.cur.payload_len;
+      post.cookie = ++l.cookie;
+      l.link->post_send(post);
+      l.posted = true;
+    }
+    size_t budget = SIZE_MAX;
     if (l.fault == Fault::kRate) {
+      const size_t left = r.cur.total() - l.link->head_sent();
       int64_t now = now_ns();
       l.tokens = std::min(l.tokens + (now - l.tokens_ns) * 1e-9 * l.rate_bps, std::max(65536.0, l.rate_bps / 100));
       l.tokens_ns = now;
@@ -44,47 +53,42 @@ bool Engine::rail_flush(Peer& pr, Link& l) {
         r.hold_until_ns = l.next_tx_ns;
         break;
       }
-      left = std::min(left, static_cast<size_t>(l.tokens));
+      budget = static_cast<size_t>(l.tokens);
     }
-    iovec iov[2];
-    int n = 0;
-    size_t done = r.cur.done;
-    if (done < kHeaderBytes) {
-      iov[n++] = {r.cur.hdr + done, std::min(kHeaderBytes - done, left)};
-      size_t rest = left - iov[0].iov_len;
-      if (rest > 0) iov[n++] = {const_cast<uint8_t*>(r.cur.payload), rest};
-    } else {
-      iov[n++] = {const_cast<uint8_t*>(r.cur.payload) + (done - kHeaderBytes), left};
-    }
-    IoResult res = l.conn->writev(iov, n);
-    if (res.kind == IoResult::kWouldBlock) break;
-    if (res.kind != IoResult::kOk) {
-      bool by_peer = res.err == EPIPE || res.err == ECONNRESET;
+    LinkCompletion c = l.link->poll_send(budget);
+    if (l.fault == Fault::kRate) l.tokens -= static_cast<double>(c.moved);
+    if (c.kind == LinkCompletion::kFailed) {
+      const LinkFailure& f = l.link->failure();
+      const FailReason why = f.error == LinkError::kClosedByPeer ? FailReason::kClosedByPeer : FailReason::kIo;
+      const std::string detail = f.detail;
       l.flushing = false;
-      pr.core->fail_rail(l.index, by_peer ? FailReason::kClosedByPeer : FailReason::kIo,
-                         std::string("send failed: ") + std::strerror(res.err), now_ns());
+      pr.core->fail_rail(l.index, why, detail, now_ns());
       return false;
     }
-    r.cur.done += res.bytes;
-    if (l.fault == Fault::kRate) l.tokens -= static_cast<double>(res.bytes);
     const int64_t now = now_ns();
-    if (r.cur.done == r.cur.total())
+    if (c.kind == LinkCompletion::kSent) {
+      l.posted = false;
+      r.cur.done = r.cur.total();
       pr.core->frame_written(l.index, now);
-    else
-      pr.core->tx_progress(l.index, now);
+      continue;
+    }
+    r.cur.done = l.link->head_sent();
+    if (c.moved) pr.core->tx_progress(l.index, now);
+    if (l.fault != Fault::kRate || c.moved == 0) break;   // the link would block
   }
   l.flushing = false;
   set_interest(l);
-  return ok;
+  return true;
 }
 
 void Engine::rail_writable(Peer& pr, Link& l) {
   Rail& r = pr.rail(l.index);
   if (r.state == RailState::kConnecting) {
-    IoResult res = l.conn->finish_connect();
-    if (res.kind == IoResult::kWouldBlock) return;
-    if (res.kind != IoResult::kOk) {
-      attempt_failed(pr, l, std::string("connect: ") + std::strerror(res.err), res.err == ECONNREFUSED);
+    ConnectState st = l.link->finish_connect();
+    if (st == ConnectState::kPending) return;
+    if (st == ConnectState::kFailed) {
+      const LinkFailure f = l.link->failure();
+      attempt_failed(pr, l, f.detail, f.error == LinkError::kRefused);
       return;
     }
     HelloBody h;
@@ -109,22 +113,27 @@ void Engine::rail_writable(Peer& pr, Link& l) {
 void Engine::rail_readable(Peer& pr, Link& l) {
   if (l.fault == Fault::kStall) return;
   Rail& r = pr.rail(l.index);
-  const int my_fd = l.conn->fd();
-  auto gone = [&] { return !l.conn || l.conn->fd() != my_fd; };
-  auto read_failed = [&](const IoResult& res) {
-    bool eof = res.kind == IoResult::kEof;
-    pr.core->fail_rail(l.index, eof || res.err == ECONNRESET ? FailReason::kClosedByPeer : FailReason::kIo,
-                       eof ? "connection closed by the peer" : std::string("receive failed: ") + std::strerror(res.err),
-                       now_ns());
+  const uint64_t my_link = l.generation;
+  auto gone = [&] { return !l.link || l.generation != my_link; };
+  auto read_failed = [&] {
+    const LinkFailure& f = l.link->failure();
+    const std::string detail = f.detail;
+    pr.core->fail_rail(l.index, f.error == LinkError::kClosedByPeer ? FailReason::kClosedByPeer : FailReason::kIo,
+                       detail, now_ns());
   };
   // Bounded so one busy rail cannot starve its siblings' writers.
   for (int budget = 0; budget < 64; budget++) {
     if (gone()) return;
     RxFrame& rx = r.rx;
     if (!rx.in_payload) {
-      IoResult res = read_header(*l.conn, rx);
-      if (res.kind == IoResult::kWouldBlock) break;
-      if (res.kind != IoResult::kOk) return read_failed(res);
+      LinkCompletion c = l.link->poll_recv();
+      if (c.kind == LinkCompletion::kNone) {
+        if (c.moved) pr.core->rx_progress(l.index, now_ns());
+        break;
+      }
+      if (c.kind != LinkCompletion::kHeader) return read_failed();
+      std::memcpy(rx.hdr, c.header, kHeaderBytes);
+      rx.hdr_got = kHeaderBytes;
       const int64_t now = now_ns();
       std::string bad = decode_header(rx.hdr, limits_, &rx.h);
       if (!bad.empty()) return pr.core->fail_rail(l.index, FailReason::kProtocol, "protocol error: " + bad, now);
@@ -139,33 +148,39 @@ void Engine::rail_readable(Peer& pr, Link& l) {
         rx.in_payload = true;
         rx.got = 0;
       }
+      l.link->accept_header(rx.h.payload_len);
+      l.piece_posted = false;
     }
     // payload
     while (rx.got < rx.h.payload_len) {
-      size_t want = rx.h.payload_len - rx.got;
-      uint8_t* dst;
-      if (rx.scratch) {
-        dst = scratch_.data();
-        want = std::min(want, scratch_.size());
-      } else if (rx.grow) {
-        // Staging grows by at most one step ahead of the bytes read.
-        want = std::min(want, scratch_.size());
-        try {
-          if (rx.grow->size() < rx.got + want) rx.grow->resize(rx.got + want);
-        } catch (const std::bad_alloc&) {
-          pr.core->kill(Cause::kSystem, "out of memory staging a message from rank " + std::to_string(pr.rank) +
-                                            " that arrived before its receive was posted");
-          return;
+      if (!l.piece_posted) {
+        size_t want = rx.h.payload_len - rx.got;
+        uint8_t* dst;
+        if (rx.scratch) {
+          dst = nullptr;
+        } else if (rx.grow) {
+          // Staging grows by at most one step ahead of the bytes read.
+          want = std::min(want, scratch_.size());
+          try {
+            if (rx.grow->size() < rx.got + want) rx.grow->resize(rx.got + want);
+          } catch (const std::bad_alloc&) {
+            pr.core->kill(Cause::kSystem, "out of memory staging a message from rank " + std::to_string(pr.rank) +
+                                              " that arrived before its receive was posted");
+            return;
+          }
+          dst = rx.grow->data() + rx.got;
+        } else {
+          dst = rx.dest + rx.got;
         }
-        dst = rx.grow->data() + rx.got;
-      } else {
-        dst = rx.dest + rx.got;
+        l.link->post_recv(dst, want, nullptr);
+        l.piece_posted = true;
       }
-      IoResult res = l.conn->read(dst, want);
-      if (res.kind == IoResult::kWouldBlock) goto out;
-      if (res.kind != IoResult::kOk) return read_failed(res);
-      rx.got += res.bytes;
-      pr.core->rx_progress(l.index, now_ns());
+      LinkCompletion c = l.link->poll_recv();
+      if (c.moved) pr.core->rx_progress(l.index, now_ns());
+      if (c.kind == LinkCompletion::kNone) goto out;
+      if (c.kind != LinkCompletion::kPayload) return read_failed();
+      rx.got += c.bytes;
+      l.piece_posted = false;
     }
     if (r.state == RailState::kUp)
       pr.core->on_frame(l.index, now_ns());

@@ -10,6 +10,18 @@
 
 namespace r2ccl {
 
+const char* link_error_name(LinkError e) {
+  switch (e) {
+    case LinkError::kNone: return "none";
+    case LinkError::kRefused: return "refused";
+    case LinkError::kUnreachable: return "unreachable";
+    case LinkError::kTimedOut: return "timed_out";
+    case LinkError::kClosedByPeer: return "closed_by_peer";
+    case LinkError::kIo: return "io";
+  }
+  return "?";
+}
+
 std::string Nic::addr_str() const {
   char buf[INET_ADDRSTRLEN];
   inet_ntop(AF_INET, &addr, buf, sizeof buf);

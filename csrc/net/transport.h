@@ -1,14 +1,21 @@
-// The transport interface: a NIC, a listener on it, and byte-stream connections that are
-// bound to it. Nonblocking throughout; readiness is reported through a pollable fd so one
-// progress engine can drive many connections. Knows nothing of rails, collectives or JAX.
+// The transport seam: what a rail needs from the network, cut so that a TCP socket and an
+// RDMA queue pair can both serve it. A link carries frames in order in both directions; a
+// frame is a header of fixed size (LinkOptions::header_bytes) and a payload. Sends are
+// posted (header plus memory the transport reads until the send completes); receives
+// deliver the header first, and the payload lands in space the receiver posts once it has
+// read the header, so the receiver, never the sender, decides where and how much memory
+// the payload takes. Completions are polled, per direction (as verbs keep a send and a
+// receive queue). A failed link says why as a LinkError. Memory the transport reads or
+// writes may have to be registered first, by an explicit call (sockets need none).
+// Nonblocking throughout: each link and listener has a pollable fd, so one progress thread
+// drives many. Knows nothing of rails, the frame format's fields, collectives or JAX.
 #pragma once
 #include <netinet/in.h>
-#include <sys/uio.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
-#include <vector>
 
 namespace r2ccl {
 
@@ -30,52 +37,136 @@ struct NetAddr {
   static NetAddr parse(const std::string& ip_port);   // throws Error(kInvalidArgument)
 };
 
-// The outcome of one nonblocking transfer.
-struct IoResult {
-  enum Kind { kOk, kWouldBlock, kEof, kError } kind;
-  size_t bytes;    // bytes moved when kOk
-  int err;         // errno when kError
+// Memory a transport may read sends from or land receives in. register_memory pins and keys
+// it where the hardware needs that (verbs: ibv_reg_mr); a transport that needs none
+// (sockets) returns a region with no keys, and every post accepts a null region from it.
+struct MemRegion {
+  const void* base = nullptr;
+  size_t len = 0;
+  uint32_t lkey = 0, rkey = 0;   // RDMA keys (0 where none)
+  uint64_t handle = 0;           // the transport's own registration (0 where none)
+  bool covers(const void* p, size_t n) const {
+    auto b = reinterpret_cast<uintptr_t>(base), x = reinterpret_cast<uintptr_t>(p);
+    return x >= b && n <= len && x - b <= len - n;
+  }
 };
 
-class Connection {
+// Why a link failed, or why it could not be made.
+enum class LinkError : uint8_t {
+  kNone,
+  kRefused,        // nothing listens there (connect refused; RDMA: REJ / no such service)
+  kUnreachable,    // no route from this NIC (the route vanished, the address is unusable)
+  kTimedOut,       // the path stopped answering (TCP_USER_TIMEOUT; RDMA: retries exhausted)
+  kClosedByPeer,   // the other end closed or reset the link
+  kIo,             // any other local or transport error (errno or work-completion status)
+};
+const char* link_error_name(LinkError e);
+
+struct LinkFailure {
+  LinkError error = LinkError::kNone;
+  int sys_error = 0;       // errno (sockets) or the work completion's status (verbs), 0 if none
+  std::string detail;      // for logs and error messages: "send failed: Broken pipe"
+};
+
+// One posted send: the header (copied at post) and a payload the transport reads until the
+// post completes (kSent) or the link fails. `mr` covers the payload where the transport
+// needs registration.
+struct SendPost {
+  const uint8_t* header = nullptr;
+  const void* payload = nullptr;
+  size_t payload_len = 0;
+  const MemRegion* mr = nullptr;
+  uint64_t cookie = 0;     // handed back in its kSent
+};
+
+struct LinkCompletion {
+  enum Kind : uint8_t {
+    kNone,       // nothing finished (`moved` may still say bytes went by)
+    kSent,       // the oldest unfinished send is done: its payload may be reused
+    kHeader,     // a frame's header arrived (in `header`); post its payload's space next
+    kPayload,    // the receive space posted last is full
+    kFailed,     // the link is dead: failure() says why; nothing more completes
+  } kind = kNone;
+  uint64_t cookie = 0;                 // kSent
+  const uint8_t* header = nullptr;     // kHeader: header_bytes, valid until the next poll_recv
+  size_t bytes = 0;                    // kPayload: bytes landed (the whole posted piece)
+  size_t moved = 0;                    // bytes this call moved on the wire (liveness, rate caps)
+};
+
+enum class ConnectState { kPending, kUp, kFailed };
+
+class FrameLink {
  public:
-  virtual ~Connection() = default;
-  virtual int fd() const = 0;
-  // Finishes a nonblocking connect: kOk once established, kWouldBlock while pending, kError
-  // with the errno when it failed (also when connect() itself failed at once).
-  virtual IoResult finish_connect() = 0;
-  virtual IoResult writev(const iovec* iov, int iovcnt) = 0;
-  virtual IoResult read(void* buf, size_t len) = 0;
-  // Ends traffic in both directions now (the peer sees EOF or a reset).
+  virtual ~FrameLink() = default;
+  // For the caller's poller: readable (EPOLLIN) when poll_recv may complete; writable
+  // (EPOLLOUT) when a blocked send may move or a pending connect may finish.
+  virtual int wait_fd() const = 0;
+  // A link made by connect() starts pending: kUp once established, kFailed with failure().
+  virtual ConnectState finish_connect() = 0;
+
+  // Sends. Up to send_slots() posts may be outstanding; each completes, in order, as kSent.
+  virtual size_t send_slots() const = 0;
+  virtual void post_send(const SendPost& post) = 0;
+  // Moves posted sends. `budget`: at most this many bytes onto the wire in this call (a
+  // software rate cap; transports that cannot split a send treat any budget as "go").
+  virtual LinkCompletion poll_send(size_t budget = SIZE_MAX) = 0;
+  // Bytes of the oldest unfinished post already on the wire (0 when none), header included.
+  virtual size_t head_sent() const = 0;
+  // True while a posted send waits for the network (the poller should watch for writable).
+  virtual bool send_blocked() const = 0;
+  // The payload of a posted, unfinished send was copied to `payload` (its owner wants the
+  // original back): read the rest from the copy. False when the transport cannot (the NIC
+  // may still be reading the original); then the original must outlive the send.
+  virtual bool move_payload(uint64_t cookie, const void* payload) = 0;
+
+  // Receives: kHeader, then nothing more arrives on this link until the receiver calls
+  // accept_header with the payload length that header announces (checked by transports that
+  // know a frame's length, such as verbs), then posts space for it piece by piece. A piece
+  // with `dst` null is read and dropped. The pieces add up to the payload length.
+  virtual LinkCompletion poll_recv() = 0;
+  virtual void accept_header(size_t payload_len) = 0;
+  virtual void post_recv(void* dst, size_t len, const MemRegion* mr) = 0;
+
+  virtual const LinkFailure& failure() const = 0;
+  // Ends traffic in both directions now (the peer sees its link close).
   virtual void shutdown() = 0;
-  virtual std::string describe() const = 0;           // "198.18.0.1:40000->198.18.0.2:5000"
+  virtual std::string describe() const = 0;   // "198.18.0.1:40000->198.18.0.2:5000"
 };
 
-class Listener {
+class FrameListener {
  public:
-  virtual ~Listener() = default;
-  virtual int fd() const = 0;
+  virtual ~FrameListener() = default;
+  virtual int wait_fd() const = 0;
   virtual NetAddr local_addr() const = 0;
-  // Accepts one pending connection, or returns null when none is pending.
-  virtual std::unique_ptr<Connection> accept() = 0;
+  // Accepts one pending link (already up), or returns null when none is pending.
+  virtual std::unique_ptr<FrameLink> accept() = 0;
 };
 
-struct SocketOptions {
-  int buffer_bytes = 0;          // SO_SNDBUF/SO_RCVBUF when > 0
-  int user_timeout_ms = 0;       // TCP_USER_TIMEOUT when > 0
-  bool bind_device = true;       // SO_BINDTODEVICE when the NIC has an interface name
+// How links are made. Backends take what applies to them.
+struct LinkOptions {
+  size_t header_bytes = 64;      // every frame's header (at most kMaxLinkHeaderBytes)
+  int buffer_bytes = 0;          // sockets: SO_SNDBUF/SO_RCVBUF when > 0
+  int user_timeout_ms = 0;       // sockets: TCP_USER_TIMEOUT when > 0
+  bool bind_device = true;       // sockets: SO_BINDTODEVICE when the NIC has an interface name
 };
+constexpr size_t kMaxLinkHeaderBytes = 256;
 
 class Transport {
  public:
   virtual ~Transport() = default;
   virtual const char* name() const = 0;
-  virtual std::unique_ptr<Listener> listen(const Nic& nic, int port, const SocketOptions& opt) = 0;
-  // Starts a nonblocking connect from `local` to `remote`; finish with finish_connect().
-  virtual std::unique_ptr<Connection> connect(const Nic& local, const NetAddr& remote,
-                                              const SocketOptions& opt) = 0;
+  // Listens on `port` of `nic` (0: any free port). Throws Error(kSystem) naming the NIC.
+  virtual std::unique_ptr<FrameListener> listen(const Nic& nic, int port, const LinkOptions& opt) = 0;
+  // Starts making a link from `local` to `remote`; finish with FrameLink::finish_connect. A
+  // failure known at once (no route) is reported by finish_connect, not thrown.
+  virtual std::unique_ptr<FrameLink> connect(const Nic& local, const NetAddr& remote, const LinkOptions& opt) = 0;
+  // Memory registration: posts must name a region covering their bytes when this is true.
+  virtual bool needs_registration() const = 0;
+  virtual MemRegion register_memory(const void* base, size_t len) = 0;
+  virtual void deregister_memory(const MemRegion& mr) = 0;
 };
 
+// The TCP backend (net/socket): frames as bytes on a stream, no registration.
 std::unique_ptr<Transport> make_socket_transport();
 
 }  // namespace r2ccl

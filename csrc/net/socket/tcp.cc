@@ -1,6 +1,7 @@
-// The TCP socket backend: every connection is bound to its NIC's source address (and, when
-// allowed, to the device itself), nonblocking, with TCP_NODELAY, large buffers and
-// TCP_USER_TIMEOUT so a dead path errors in bounded time. Knows nothing of rails or frames.
+// The TCP socket backend's streams: every connection is bound to its NIC's source address
+// (and, when allowed, to the device itself), nonblocking, with TCP_NODELAY, large buffers
+// and TCP_USER_TIMEOUT so a dead path errors in bounded time. Frames on top: tcp_link.cc.
+// Knows nothing of rails or of the frame format.
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/tcp.h>
@@ -12,16 +13,17 @@
 
 #include "base/error.h"
 #include "base/log.h"
-#include "net/transport.h"
+#include "net/socket/stream.h"
 
 namespace r2ccl {
+namespace socket_detail {
 namespace {
 
 [[noreturn]] void throw_sys(const std::string& what) {
   throw Error(Cause::kSystem, -1, what + ": " + std::strerror(errno));
 }
 
-void set_options(int fd, const Nic& nic, const SocketOptions& opt) {
+void set_options(int fd, const Nic& nic, const LinkOptions& opt) {
   int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
   if (opt.buffer_bytes > 0) {
@@ -52,58 +54,48 @@ int new_socket() {
   return fd;
 }
 
-class TcpConnection final : public Connection {
- public:
-  // `immediate_err`: connect() itself failed with this errno (no route, EINVAL, refused at
-  // once); finish_connect() reports it, since the socket's SO_ERROR never will.
-  TcpConnection(int fd, std::string desc, int immediate_err = 0)
-      : fd_(fd), desc_(std::move(desc)), immediate_err_(immediate_err) {}
-  ~TcpConnection() override { ::close(fd_); }
-  int fd() const override { return fd_; }
+}  // namespace
 
-  IoResult finish_connect() override {
-    if (immediate_err_ != 0) return {IoResult::kError, 0, immediate_err_};
-    int err = 0;
-    socklen_t len = sizeof err;
-    if (getsockopt(fd_, SOL_SOCKET, SO_ERROR, &err, &len) != 0) err = errno;
-    if (err == EINPROGRESS || err == EALREADY) return {IoResult::kWouldBlock, 0, 0};
-    if (err != 0) return {IoResult::kError, 0, err};
-    // SO_ERROR is 0 both when connected and while still pending: ask the peer name.
-    sockaddr_in peer{};
-    socklen_t plen = sizeof peer;
-    if (getpeername(fd_, reinterpret_cast<sockaddr*>(&peer), &plen) != 0)
-      return errno == ENOTCONN ? IoResult{IoResult::kWouldBlock, 0, 0} : IoResult{IoResult::kError, 0, errno};
-    return {IoResult::kOk, 0, 0};
-  }
+StreamSocket::StreamSocket(int fd, std::string desc, int immediate_err)
+    : fd_(fd), desc_(std::move(desc)), immediate_err_(immediate_err) {}
+StreamSocket::~StreamSocket() { ::close(fd_); }
 
-  IoResult writev(const iovec* iov, int iovcnt) override {
-    msghdr msg{};
-    msg.msg_iov = const_cast<iovec*>(iov);
-    msg.msg_iovlen = static_cast<size_t>(iovcnt);
-    ssize_t n = ::sendmsg(fd_, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
-    if (n >= 0) return {IoResult::kOk, static_cast<size_t>(n), 0};
-    if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return {IoResult::kWouldBlock, 0, 0};
-    return {IoResult::kError, 0, errno};
-  }
+IoResult StreamSocket::finish_connect() {
+  if (immediate_err_ != 0) return {IoResult::kError, 0, immediate_err_};
+  int err = 0;
+  socklen_t len = sizeof err;
+  if (getsockopt(fd_, SOL_SOCKET, SO_ERROR, &err, &len) != 0) err = errno;
+  if (err == EINPROGRESS || err == EALREADY) return {IoResult::kWouldBlock, 0, 0};
+  if (err != 0) return {IoResult::kError, 0, err};
+  // SO_ERROR is 0 both when connected and while still pending: ask the peer name.
+  sockaddr_in peer{};
+  socklen_t plen = sizeof peer;
+  if (getpeername(fd_, reinterpret_cast<sockaddr*>(&peer), &plen) != 0)
+    return errno == ENOTCONN ? IoResult{IoResult::kWouldBlock, 0, 0} : IoResult{IoResult::kError, 0, errno};
+  return {IoResult::kOk, 0, 0};
+}
 
-  IoResult read(void* buf, size_t len) override {
-    ssize_t n = ::recv(fd_, buf, len, MSG_DONTWAIT);
-    if (n > 0) return {IoResult::kOk, static_cast<size_t>(n), 0};
-    if (n == 0) return {IoResult::kEof, 0, 0};
-    if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return {IoResult::kWouldBlock, 0, 0};
-    return {IoResult::kError, 0, errno};
-  }
+IoResult StreamSocket::writev(const iovec* iov, int iovcnt) {
+  msghdr msg{};
+  msg.msg_iov = const_cast<iovec*>(iov);
+  msg.msg_iovlen = static_cast<size_t>(iovcnt);
+  ssize_t n = ::sendmsg(fd_, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+  if (n >= 0) return {IoResult::kOk, static_cast<size_t>(n), 0};
+  if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return {IoResult::kWouldBlock, 0, 0};
+  return {IoResult::kError, 0, errno};
+}
 
-  void shutdown() override { ::shutdown(fd_, SHUT_RDWR); }
-  std::string describe() const override { return desc_; }
+IoResult StreamSocket::read(void* buf, size_t len) {
+  ssize_t n = ::recv(fd_, buf, len, MSG_DONTWAIT);
+  if (n > 0) return {IoResult::kOk, static_cast<size_t>(n), 0};
+  if (n == 0) return {IoResult::kEof, 0, 0};
+  if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return {IoResult::kWouldBlock, 0, 0};
+  return {IoResult::kError, 0, errno};
+}
 
- private:
-  int fd_;
-  std::string desc_;
-  int immediate_err_;
-};
+void StreamSocket::shutdown() { ::shutdown(fd_, SHUT_RDWR); }
 
-std::string sock_desc(int fd) {
+static std::string sock_desc(int fd) {
   sockaddr_in a{}, b{};
   socklen_t la = sizeof a, lb = sizeof b;
   getsockname(fd, reinterpret_cast<sockaddr*>(&a), &la);
@@ -114,80 +106,59 @@ std::string sock_desc(int fd) {
   return x.str() + "->" + y.str();
 }
 
-class TcpListener final : public Listener {
- public:
-  TcpListener(int fd, const Nic& nic, const SocketOptions& opt) : fd_(fd), nic_(nic), opt_(opt) {}
-  ~TcpListener() override { ::close(fd_); }
-  int fd() const override { return fd_; }
-  NetAddr local_addr() const override {
-    NetAddr a;
-    socklen_t len = sizeof a.sa;
-    getsockname(fd_, reinterpret_cast<sockaddr*>(&a.sa), &len);
-    return a;
+NetAddr local_addr_of(int fd) {
+  NetAddr a;
+  socklen_t len = sizeof a.sa;
+  getsockname(fd, reinterpret_cast<sockaddr*>(&a.sa), &len);
+  return a;
+}
+
+int listen_socket(const Nic& nic, int port, const LinkOptions& opt) {
+  int fd = new_socket();
+  int one = 1;
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  // Accepted sockets inherit buffer sizes from the listener; they must be set before listen().
+  if (opt.buffer_bytes > 0) {
+    setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &opt.buffer_bytes, sizeof opt.buffer_bytes);
+    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &opt.buffer_bytes, sizeof opt.buffer_bytes);
   }
-  std::unique_ptr<Connection> accept() override {
-    int fd = ::accept4(fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
-    if (fd < 0) return nullptr;   // EAGAIN, or a connection that died while queued
-    set_options(fd, nic_, opt_);
-    return std::make_unique<TcpConnection>(fd, sock_desc(fd));
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_addr = nic.addr;
+  sa.sin_port = htons(static_cast<uint16_t>(port));
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0 || ::listen(fd, 128) != 0) {
+    int e = errno;
+    ::close(fd);
+    errno = e;
+    throw_sys("listen on " + nic.addr_str() + ":" + std::to_string(port) + " (NIC " + nic.name + ")");
   }
+  return fd;
+}
 
- private:
-  int fd_;
-  Nic nic_;
-  SocketOptions opt_;
-};
+std::unique_ptr<StreamSocket> accept_socket(int lfd, const Nic& nic, const LinkOptions& opt) {
+  int fd = ::accept4(lfd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+  if (fd < 0) return nullptr;   // EAGAIN, or a connection that died while queued
+  set_options(fd, nic, opt);
+  return std::make_unique<StreamSocket>(fd, sock_desc(fd));
+}
 
-class TcpTransport final : public Transport {
- public:
-  const char* name() const override { return "socket"; }
-
-  std::unique_ptr<Listener> listen(const Nic& nic, int port, const SocketOptions& opt) override {
-    int fd = new_socket();
-    int one = 1;
-    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    // Accepted sockets inherit buffer sizes from the listener; they must be set before listen().
-    if (opt.buffer_bytes > 0) {
-      setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &opt.buffer_bytes, sizeof opt.buffer_bytes);
-      setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &opt.buffer_bytes, sizeof opt.buffer_bytes);
-    }
-    sockaddr_in sa{};
-    sa.sin_family = AF_INET;
-    sa.sin_addr = nic.addr;
-    sa.sin_port = htons(static_cast<uint16_t>(port));
-    if (::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0 || ::listen(fd, 128) != 0) {
-      int e = errno;
-      ::close(fd);
-      errno = e;
-      throw_sys("listen on " + nic.addr_str() + ":" + std::to_string(port) + " (NIC " + nic.name + ")");
-    }
-    return std::make_unique<TcpListener>(fd, nic, opt);
+std::unique_ptr<StreamSocket> connect_socket(const Nic& local, const NetAddr& remote, const LinkOptions& opt) {
+  int fd = new_socket();
+  set_options(fd, local, opt);
+  sockaddr_in src{};
+  src.sin_family = AF_INET;
+  src.sin_addr = local.addr;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&src), sizeof src) != 0) {
+    int e = errno;
+    ::close(fd);
+    errno = e;
+    throw_sys("bind to " + local.addr_str() + " (NIC " + local.name + ")");
   }
+  int rc = ::connect(fd, reinterpret_cast<const sockaddr*>(&remote.sa), sizeof remote.sa);
+  // Refused or unreachable right away: a socket whose finish reports it.
+  const int err = rc != 0 && errno != EINPROGRESS ? errno : 0;
+  return std::make_unique<StreamSocket>(fd, local.addr_str() + "->" + remote.str(), err);
+}
 
-  std::unique_ptr<Connection> connect(const Nic& local, const NetAddr& remote,
-                                      const SocketOptions& opt) override {
-    int fd = new_socket();
-    set_options(fd, local, opt);
-    sockaddr_in src{};
-    src.sin_family = AF_INET;
-    src.sin_addr = local.addr;
-    if (::bind(fd, reinterpret_cast<sockaddr*>(&src), sizeof src) != 0) {
-      int e = errno;
-      ::close(fd);
-      errno = e;
-      throw_sys("bind to " + local.addr_str() + " (NIC " + local.name + ")");
-    }
-    int rc = ::connect(fd, reinterpret_cast<const sockaddr*>(&remote.sa), sizeof remote.sa);
-    if (rc != 0 && errno != EINPROGRESS) {
-      // Refused or unreachable right away: hand back a connection whose finish reports it.
-      return std::make_unique<TcpConnection>(fd, local.addr_str() + "->" + remote.str(), errno);
-    }
-    return std::make_unique<TcpConnection>(fd, local.addr_str() + "->" + remote.str());
-  }
-};
-
-}  // namespace
-
-std::unique_ptr<Transport> make_socket_transport() { return std::make_unique<TcpTransport>(); }
-
+}  // namespace socket_detail
 }  // namespace r2ccl

@@ -1,0 +1,275 @@
+// Frames over a TCP stream: the socket backend's side of the transport seam
+// (net/transport.h). A frame on the stream is its header's bytes then its payload's, with
+// nothing between frames; the receiver's accept_header says how long each payload is.
+// Posted sends are written with one sendmsg of header and payload (no copy of the payload);
+// receives read straight into the space the receiver posted. Sockets need no memory
+// registration. Knows nothing of rails or of the frame format's fields.
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <vector>
+
+#include "base/error.h"
+#include "net/socket/stream.h"
+#include "net/transport.h"
+
+namespace r2ccl {
+namespace {
+
+using socket_detail::IoResult;
+using socket_detail::StreamSocket;
+
+LinkError classify(int err) {
+  switch (err) {
+    case EPIPE:
+    case ECONNRESET: return LinkError::kClosedByPeer;
+    case ECONNREFUSED: return LinkError::kRefused;
+    case ETIMEDOUT: return LinkError::kTimedOut;
+    case ENETUNREACH:
+    case EHOSTUNREACH:
+    case ENETDOWN:
+    case EADDRNOTAVAIL:
+    case EINVAL: return LinkError::kUnreachable;
+    default: return LinkError::kIo;
+  }
+}
+
+class TcpFrameLink final : public FrameLink {
+ public:
+  TcpFrameLink(std::unique_ptr<StreamSocket> s, size_t header_bytes) : s_(std::move(s)), hb_(header_bytes) {
+    if (hb_ == 0 || hb_ > kMaxLinkHeaderBytes)
+      throw Error(Cause::kInvalidArgument, -1, "frame header of " + std::to_string(hb_) + " bytes");
+  }
+
+  int wait_fd() const override { return s_->fd(); }
+
+  ConnectState finish_connect() override {
+    if (failed()) return ConnectState::kFailed;
+    IoResult r = s_->finish_connect();
+    if (r.kind == IoResult::kWouldBlock) return ConnectState::kPending;
+    if (r.kind == IoResult::kOk) return ConnectState::kUp;
+    fail(classify(r.err), r.err, std::string("connect: ") + std::strerror(r.err));
+    return ConnectState::kFailed;
+  }
+
+  size_t send_slots() const override { return kSlots; }
+
+  void post_send(const SendPost& p) override {
+    if (count_ == kSlots) return misuse("a send posted with every slot taken");
+    Out& o = ring_[(head_ + count_) % kSlots];
+    std::memcpy(o.hdr, p.header, hb_);
+    o.payload = static_cast<const uint8_t*>(p.payload);
+    o.len = p.payload_len;
+    o.cookie = p.cookie;
+    o.done = 0;
+    count_++;
+  }
+
+  LinkCompletion poll_send(size_t budget) override {
+    LinkCompletion c;
+    if (failed()) return failed_completion();
+    while (count_ > 0 && budget > 0) {
+      Out& o = ring_[head_];
+      const size_t total = hb_ + o.len;
+      size_t left = std::min(total - o.done, budget);
+      iovec iov[2];
+      int n = 0;
+      if (o.done < hb_) {
+        iov[n++] = {o.hdr + o.done, std::min(hb_ - o.done, left)};
+        const size_t rest = left - iov[0].iov_len;
+        if (rest > 0) iov[n++] = {const_cast<uint8_t*>(o.payload), rest};
+      } else {
+        iov[n++] = {const_cast<uint8_t*>(o.payload) + (o.done - hb_), left};
+      }
+      IoResult r = s_->writev(iov, n);
+      if (r.kind == IoResult::kWouldBlock) {
+        blocked_ = true;
+        return c;
+      }
+      if (r.kind != IoResult::kOk) {
+        fail(classify(r.err), r.err, std::string("send failed: ") + std::strerror(r.err));
+        return failed_completion(c.moved);
+      }
+      blocked_ = false;
+      o.done += r.bytes;
+      c.moved += r.bytes;
+      budget -= std::min(budget, r.bytes);
+      if (o.done == total) {
+        c.kind = LinkCompletion::kSent;
+        c.cookie = o.cookie;
+        head_ = (head_ + 1) % kSlots;
+        count_--;
+        return c;
+      }
+    }
+    return c;
+  }
+
+  size_t head_sent() const override { return count_ ? ring_[head_].done : 0; }
+  bool send_blocked() const override { return blocked_ && count_ > 0; }
+
+  bool move_payload(uint64_t cookie, const void* payload) override {
+    for (size_t i = 0; i < count_; i++) {
+      Out& o = ring_[(head_ + i) % kSlots];
+      if (o.cookie == cookie) {
+        o.payload = static_cast<const uint8_t*>(payload);
+        return true;
+      }
+    }
+    return true;   // finished already: nothing reads the original any more
+  }
+
+  LinkCompletion poll_recv() override {
+    LinkCompletion c;
+    if (failed()) return failed_completion();
+    if (rs_ == Rx::kHeader) {
+      while (hdr_got_ < hb_) {
+        IoResult r = s_->read(hdr_ + hdr_got_, hb_ - hdr_got_);
+        if (r.kind != IoResult::kOk) return read_ended(r, c.moved);
+        hdr_got_ += r.bytes;
+        c.moved += r.bytes;
+      }
+      hdr_got_ = 0;
+      rs_ = Rx::kAwaitAccept;
+      c.kind = LinkCompletion::kHeader;
+      c.header = hdr_;
+      return c;
+    }
+    if (rs_ != Rx::kPiece) return c;   // waiting for accept_header / post_recv
+    while (piece_got_ < piece_len_) {
+      size_t want = piece_len_ - piece_got_;
+      uint8_t* dst;
+      if (piece_dst_) {
+        dst = piece_dst_ + piece_got_;
+      } else {
+        if (drop_.empty()) drop_.resize(kDropBytes);
+        dst = drop_.data();
+        want = std::min(want, drop_.size());
+      }
+      IoResult r = s_->read(dst, want);
+      if (r.kind != IoResult::kOk) return read_ended(r, c.moved);
+      piece_got_ += r.bytes;
+      c.moved += r.bytes;
+    }
+    frame_left_ -= piece_len_;
+    rs_ = frame_left_ ? Rx::kAwaitPost : Rx::kHeader;
+    c.kind = LinkCompletion::kPayload;
+    c.bytes = piece_len_;
+    return c;
+  }
+
+  void accept_header(size_t payload_len) override {
+    if (rs_ != Rx::kAwaitAccept) return misuse("accept_header without a header");
+    frame_left_ = payload_len;
+    rs_ = payload_len ? Rx::kAwaitPost : Rx::kHeader;
+  }
+
+  void post_recv(void* dst, size_t len, const MemRegion*) override {
+    if (rs_ != Rx::kAwaitPost || len == 0 || len > frame_left_)
+      return misuse("receive space posted that the frame does not expect");
+    piece_dst_ = static_cast<uint8_t*>(dst);
+    piece_len_ = len;
+    piece_got_ = 0;
+    rs_ = Rx::kPiece;
+  }
+
+  const LinkFailure& failure() const override { return failure_; }
+  void shutdown() override { s_->shutdown(); }
+  std::string describe() const override { return s_->describe(); }
+
+ private:
+  static constexpr size_t kSlots = 8;
+  static constexpr size_t kDropBytes = 256 << 10;   // dropped payload is read in steps of this
+  struct Out {
+    uint8_t hdr[kMaxLinkHeaderBytes];
+    const uint8_t* payload = nullptr;
+    size_t len = 0, done = 0;
+    uint64_t cookie = 0;
+  };
+  enum class Rx { kHeader, kAwaitAccept, kAwaitPost, kPiece };
+
+  bool failed() const { return failure_.error != LinkError::kNone; }
+  void fail(LinkError e, int err, std::string detail) {
+    if (failed()) return;
+    failure_.error = e;
+    failure_.sys_error = err;
+    failure_.detail = std::move(detail);
+  }
+  void misuse(const char* what) { fail(LinkError::kIo, 0, std::string("transport misuse: ") + what); }
+  LinkCompletion failed_completion(size_t moved = 0) const {
+    LinkCompletion c;
+    c.kind = LinkCompletion::kFailed;
+    c.moved = moved;
+    return c;
+  }
+  LinkCompletion read_ended(const IoResult& r, size_t moved) {
+    LinkCompletion c;
+    c.moved = moved;
+    if (r.kind == IoResult::kWouldBlock) return c;
+    if (r.kind == IoResult::kEof)
+      fail(LinkError::kClosedByPeer, 0, "connection closed by the peer");
+    else
+      fail(classify(r.err), r.err, std::string("receive failed: ") + std::strerror(r.err));
+    return failed_completion(moved);
+  }
+
+  std::unique_ptr<StreamSocket> s_;
+  size_t hb_;
+  LinkFailure failure_;
+  // send ring
+  Out ring_[kSlots];
+  size_t head_ = 0, count_ = 0;
+  bool blocked_ = false;
+  // receive
+  Rx rs_ = Rx::kHeader;
+  uint8_t hdr_[kMaxLinkHeaderBytes];
+  size_t hdr_got_ = 0, frame_left_ = 0;
+  uint8_t* piece_dst_ = nullptr;
+  size_t piece_len_ = 0, piece_got_ = 0;
+  std::vector<uint8_t> drop_;
+};
+
+class TcpFrameListener final : public FrameListener {
+ public:
+  TcpFrameListener(int fd, const Nic& nic, const LinkOptions& opt) : fd_(fd), nic_(nic), opt_(opt) {}
+  ~TcpFrameListener() override { ::close(fd_); }
+  int wait_fd() const override { return fd_; }
+  NetAddr local_addr() const override { return socket_detail::local_addr_of(fd_); }
+  std::unique_ptr<FrameLink> accept() override {
+    auto s = socket_detail::accept_socket(fd_, nic_, opt_);
+    if (!s) return nullptr;
+    return std::make_unique<TcpFrameLink>(std::move(s), opt_.header_bytes);
+  }
+
+ private:
+  int fd_;
+  Nic nic_;
+  LinkOptions opt_;
+};
+
+class TcpTransport final : public Transport {
+ public:
+  const char* name() const override { return "socket"; }
+  std::unique_ptr<FrameListener> listen(const Nic& nic, int port, const LinkOptions& opt) override {
+    return std::make_unique<TcpFrameListener>(socket_detail::listen_socket(nic, port, opt), nic, opt);
+  }
+  std::unique_ptr<FrameLink> connect(const Nic& local, const NetAddr& remote, const LinkOptions& opt) override {
+    return std::make_unique<TcpFrameLink>(socket_detail::connect_socket(local, remote, opt), opt.header_bytes);
+  }
+  bool needs_registration() const override { return false; }
+  MemRegion register_memory(const void* base, size_t len) override {
+    MemRegion m;
+    m.base = base;
+    m.len = len;
+    return m;
+  }
+  void deregister_memory(const MemRegion&) override {}
+};
+
+}  // namespace
+
+std::unique_ptr<Transport> make_socket_transport() { return std::make_unique<TcpTransport>(); }
+
+}  // namespace r2ccl
