@@ -250,6 +250,14 @@ class ChannelCore {
   // through kConnecting and kHandshake, or back to kDown when an attempt fails (`why`).
   void transport_frame(int rail, TxFrame f);
   void link_state(int rail, RailState s, const std::string& why = "");
+  // The transport can take no frame on `rail` before `until_ns` (its software rate cap; 0:
+  // it can now). Pacing only: the channel deals nothing to a held rail.
+  void hold_rail(int rail, int64_t until_ns) { ch.rails[static_cast<size_t>(rail)]->hold_until_ns = until_ns; }
+  // The rail's window: its share of its NIC's measured rate among the rails busy on that NIC
+  // (RailPace::share_window); the transport measures the NIC, the channel keeps the window.
+  void share_window(int rail, double nic_rate, int busy_rails) {
+    ch.rails[static_cast<size_t>(rail)]->pace.share_window(nic_rate, busy_rails);
+  }
   // Deals chunks to rails that are free to take one.
   void pump(int64_t now);
   // Timers: stalls (with each local NIC's drain time, indexed by local_nic), silence,

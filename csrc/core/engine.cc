@@ -319,7 +319,7 @@ void Engine::run() {
       for (auto& l : pr->links)
         if (pr->rail(l->index).cur.active && l->next_tx_ns && l->next_tx_ns <= now) {
           l->next_tx_ns = 0;
-          pr->rail(l->index).hold_until_ns = 0;
+          pr->core->hold_rail(l->index, 0);
           rail_writable(*pr, *l);
         }
     if (now >= next_tick_ns_) {
@@ -381,12 +381,16 @@ void Engine::on_event(Pollable* p, uint32_t ev) {
       auto* l = static_cast<Link*>(p->obj);
       if (!l->link || l->link->wait_fd() != p->fd) return;   // replaced or closed in this batch
       Peer& pr = *l->peer;
+      // Readable means any completion may be ready (a verbs link reports sends and a finished
+      // connect that way too); writable, that a blocked socket send may move.
       if (pr.rail(l->index).state == RailState::kConnecting) {
-        if (ev & (EPOLLOUT | EPOLLERR | EPOLLHUP)) rail_writable(pr, *l);
+        if (ev & (EPOLLIN | EPOLLOUT | EPOLLERR | EPOLLHUP)) rail_writable(pr, *l);
         return;
       }
       if (ev & (EPOLLIN | EPOLLERR | EPOLLHUP)) rail_readable(pr, *l);
-      if (l->link && l->link->wait_fd() == p->fd && (ev & EPOLLOUT)) rail_writable(pr, *l);
+      if (!l->link || l->link->wait_fd() != p->fd) return;
+      const Rail& r = pr.rail(l->index);
+      if ((ev & EPOLLOUT) || (r.cur.active && !l->link->send_blocked() && l->next_tx_ns == 0)) rail_writable(pr, *l);
       return;
     }
   }
@@ -414,7 +418,7 @@ void Engine::share_windows(int64_t now) {
   for (auto& [rank, pr] : peers_) {
     for (auto& r : pr->ch().rails) {
       const size_t k = static_cast<size_t>(r->local_nic);
-      if (r->pace.busy_since(since)) r->pace.share_window(rate[k], busy[k]);
+      if (r->pace.busy_since(since)) pr->core->share_window(r->index, rate[k], busy[k]);
     }
     pr->core->pump(now);
   }
@@ -567,7 +571,7 @@ void Engine::inject(int rank, int rail, Fault fault, double rate) {
     l.tokens = 0;
     l.tokens_ns = now;
     l.next_tx_ns = 0;
-    r.hold_until_ns = 0;
+    pr.core->hold_rail(rail, 0);
     pr.core->set_paused(rail, fault == Fault::kStall, now);
     if (fault == Fault::kClose && r.state != RailState::kDown)
       pr.core->fail_rail(rail, FailReason::kInjected, "closed by injected fault", now);

@@ -50,7 +50,7 @@ bool Engine::rail_flush(Peer& pr, Link& l) {
       double need = static_cast<double>(std::min<size_t>(left, 16384));
       if (l.tokens < need) {
         l.next_tx_ns = now + std::max<int64_t>(kMs / 2, static_cast<int64_t>(1e9 * (need - l.tokens) / l.rate_bps));
-        r.hold_until_ns = l.next_tx_ns;
+        pr.core->hold_rail(l.index, l.next_tx_ns);
         break;
       }
       budget = static_cast<size_t>(l.tokens);

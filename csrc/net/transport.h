@@ -98,8 +98,9 @@ enum class ConnectState { kPending, kUp, kFailed };
 class FrameLink {
  public:
   virtual ~FrameLink() = default;
-  // For the caller's poller: readable (EPOLLIN) when poll_recv may complete; writable
-  // (EPOLLOUT) when a blocked send may move or a pending connect may finish.
+  // For the caller's poller. Readable (EPOLLIN): some completion may be ready, of either
+  // direction or of a pending connect; poll them all. Writable (EPOLLOUT): a send that
+  // send_blocked() said waits for the network may move (sockets only).
   virtual int wait_fd() const = 0;
   // A link made by connect() starts pending: kUp once established, kFailed with failure().
   virtual ConnectState finish_connect() = 0;
