@@ -148,6 +148,12 @@ SETTINGS: tuple[Setting, ...] = (
             "GPU platform: bytes of one step of the device -> host -> network -> host -> device "
             "pipeline (copies, network and reduction of different steps overlap). Must be equal on "
             "every process."),
+    Setting("R2CCL_POLL_US", "poll_us", int,
+            f"Small sends and receives (<= {_size(CONSTANTS['caller_path_bytes'])}) take the caller's "
+            "path: a send leaves from the caller's thread when the progress thread is idle, and a "
+            "thread waiting for one reads and writes the sockets itself for up to this many "
+            "microseconds before it sleeps (latency: no hand-over between threads; costs that much "
+            "CPU per wait at most). 0: every request goes through the progress thread."),
     Setting("R2CCL_SYNC_WAIT_US", "sync_wait_us", int,
             "Microseconds XLA's thread waits inside the custom call for a small collective (<= "
             f"{_size(CONSTANTS['small_collective_bytes'])}) that is the process's only one in flight, "

@@ -190,7 +190,7 @@ def test_error_causes_are_the_cores():
 
 def test_constants_are_the_ones_the_core_checks_and_the_docs_quote():
     k = _core.constants()
-    assert set(k) == {"small_collective_bytes", "min_chunk_bytes", "max_chunk_bytes"}
+    assert set(k) == {"small_collective_bytes", "min_chunk_bytes", "max_chunk_bytes", "caller_path_bytes"}
     for ok in (k["min_chunk_bytes"], k["max_chunk_bytes"]):
         assert Config.from_env(env={}, chunk_bytes=ok, rail_window_bytes=max(ok, 1 << 20)).chunk_bytes == ok
     for bad in (k["min_chunk_bytes"] - 1, k["max_chunk_bytes"] + 1):
@@ -200,6 +200,7 @@ def test_constants_are_the_ones_the_core_checks_and_the_docs_quote():
     assert f"(<= {config._size(k['small_collective_bytes'])})" in doc["sync_wait_us"]
     assert config._size(k["max_chunk_bytes"]) in doc["chunk_bytes"]
     assert config._size(k["min_chunk_bytes"]) in doc["chunk_bytes"]
+    assert f"(<= {config._size(k['caller_path_bytes'])})" in doc["poll_us"]
     assert config._size(65536) == "64 KiB" and config._size(64 << 20) == "64 MiB" and config._size(1000) == "1000 bytes"
 
 

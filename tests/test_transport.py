@@ -110,6 +110,18 @@ def test_strangers_on_the_listen_port_are_rejected_and_the_transfer_is_exact():
     assert all(s["failures"] == 0 for s in r["stats"]), r["stats"]
 
 
+@pytest.mark.parametrize("poll_us", [250, 0])
+def test_small_sends_on_the_callers_path_keep_their_order_behind_large_ones(poll_us):
+    r0, r1 = results(run_ranks("caller_path_order", 2, config={"poll_us": poll_us}))
+    assert r1["wrong"] == [] and r1["n"] == 200, r1
+
+
+def test_threads_sharing_the_callers_path_each_get_every_message_exactly():
+    r0, r1 = results(run_ranks("caller_path_threads", 2))
+    for r in (r0, r1):
+        assert r["errors"] == [] and r["alive"] == 0 and r["counts"] == [300] * 4, r
+
+
 def test_bad_input_is_a_clear_error_and_the_channel_survives():
     rs = results(run_ranks("bad_input", 2))
     for r in rs:

@@ -768,3 +768,65 @@ def staged_collective(ep, rank, world, cases, local=1, chunk_bytes=4096, pool_by
         ex.close()
     return {"bad": bad, "errors": errors, "chunks": chunks, "allocations": allocations, "folded": folded,
             "pools": {r: pools[r].stats() for r in my_ranks}, "stats": stats}
+
+
+def caller_path_order(ep, rank, world, rounds=200):
+    """Small sends (the caller's path) and large ones (the engine thread's) on one tag from one
+    thread, interleaved: they arrive in the order sent, each bit-exact. Small ones are posted
+    right behind large ones still queued for the engine thread, so one would overtake the
+    other if the caller's path ignored the queue."""
+    peer = 1 - rank
+    sizes = [(100 if i % 3 else 1 << 20) if i % 2 else 4096 for i in range(rounds)]
+    if rank == 0:
+        reqs = [ep.isend(peer, pattern(n, 1000 + i), tag=5) for i, n in enumerate(sizes)]
+        for r in reqs:
+            r.wait()
+        barrier(ep, rank, world)
+        return {}
+    wrong = []
+    for i, n in enumerate(sizes):
+        buf = np.empty(n, np.uint8)
+        try:
+            ep.recv(peer, buf, tag=5)
+        except R2cclError as e:
+            wrong.append([i, n, f"{e.cause}: {e}"])
+            break
+        if not np.array_equal(buf, pattern(n, 1000 + i)):
+            wrong.append([i, n, "content"])
+    barrier(ep, rank, world)
+    return {"wrong": wrong, "n": len(sizes)}
+
+
+def caller_path_threads(ep, rank, world, threads=4, rounds=300):
+    """Several threads of one process ping-pong small messages at once, each on its own tag:
+    they share the engine's work between them and the engine thread (run_mu_). Every
+    message arrives once, bit-exact, and none waits past its timeout."""
+    import threading
+    peer = 1 - rank
+    errors, counts = [], [0] * threads
+
+    def run(k):
+        try:
+            for i in range(rounds):
+                n = 1 + (i * 977 + k * 131) % 8192
+                out, back = pattern(n, 7 * k + i), np.empty(n, np.uint8)
+                if rank == 0:
+                    ep.send(peer, out, tag=100 + k, timeout=20)
+                    ep.recv(peer, back, tag=100 + k, timeout=20)
+                else:
+                    ep.recv(peer, back, tag=100 + k, timeout=20)
+                    ep.send(peer, back, tag=100 + k, timeout=20)
+                if rank == 0 and not np.array_equal(back, out):
+                    errors.append([k, i, "content"])
+                    return
+                counts[k] += 1
+        except R2cclError as e:
+            errors.append([k, -1, f"{e.cause}: {e}"])
+
+    ts = [threading.Thread(target=run, args=(k,)) for k in range(threads)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(60)
+    barrier(ep, rank, world)
+    return {"errors": errors, "counts": counts, "alive": sum(t.is_alive() for t in ts)}

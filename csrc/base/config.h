@@ -14,6 +14,11 @@ namespace r2ccl {
 inline constexpr uint64_t kChunkBytesMin = 1024;
 inline constexpr uint64_t kChunkBytesMax = 64ull << 20;
 
+// Sends and receives up to this size take the caller's path (R2CCL_POLL_US): a send leaves
+// from the caller's thread when the progress thread is idle, a wait polls the network itself.
+// Exported to Python as _core.constants().
+inline constexpr uint64_t kCallerPathMaxBytes = 32 << 10;
+
 // Bounds of R2CCL_STAGING_CHUNK_BYTES (one step of the device <-> host staging pipeline).
 inline constexpr uint64_t kStagingChunkMin = 4096;
 inline constexpr uint64_t kStagingChunkMax = 1ull << 30;
@@ -40,6 +45,7 @@ struct Config {
   bool adaptive_weights = true;              // R2CCL_ADAPTIVE_WEIGHTS: rail weights follow measured bandwidth
   int link_holddown_ms = 100;                // R2CCL_LINK_HOLDDOWN_MS: a NIC back up waits this long (x2 per recent flap)
   std::string plan = "auto";                 // R2CCL_PLAN: all-reduce plan (coll::kPlanNames; checked there)
+  int poll_us = 250;                         // R2CCL_POLL_US: a small request's waiter polls the network itself this long
   int sync_wait_us = 1000;                   // R2CCL_SYNC_WAIT_US: XLA's thread waits this long for a lone small collective
   uint64_t staging_bytes = 32 << 20;         // R2CCL_STAGING_BYTES: pinned host staging per GPU (bound of its pool)
   uint64_t staging_chunk_bytes = 4 << 20;    // R2CCL_STAGING_CHUNK_BYTES: one step of the device<->host pipeline

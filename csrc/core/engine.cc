@@ -23,6 +23,40 @@ namespace r2ccl {
 
 using namespace detail;
 
+// The engine whose work this thread is running now (the engine thread's, or a caller's on
+// the caller's path), else null.
+namespace {
+thread_local const Engine* t_running = nullptr;
+}  // namespace
+
+// The engine's work on a caller's thread (or the engine thread): marks the thread as running
+// it and collects the on_finish callbacks of requests finished meanwhile; on a caller's
+// thread they go to the engine thread when the scope ends (the caller still holds run_mu_,
+// so the engine has not finished its last commands yet).
+class Engine::CallerScope {
+ public:
+  CallerScope(Engine* e, bool defer) : e_(e), prev_(t_running), prev_defer_(t_deferred_callbacks) {
+    t_running = e;
+    if (defer) t_deferred_callbacks = &deferred_;
+  }
+  ~CallerScope() {
+    t_running = prev_;
+    t_deferred_callbacks = prev_defer_;
+    if (!deferred_.empty())
+      e_->post([fns = std::move(deferred_)]() mutable {
+        for (auto& f : fns) f();
+      });
+  }
+  CallerScope(const CallerScope&) = delete;
+  CallerScope& operator=(const CallerScope&) = delete;
+
+ private:
+  Engine* e_;
+  const Engine* prev_;
+  std::vector<std::function<void()>>* prev_defer_;
+  std::vector<std::function<void()>> deferred_;
+};
+
 // ---------------------------------------------------------------- construction, commands
 
 Engine::Engine(const Config& cfg, int rank, int world, const std::vector<std::string>& nics,
@@ -51,10 +85,22 @@ Engine::Engine(const Config& cfg, int rank, int world, const std::vector<std::st
   scratch_.resize(256 << 10);
   tp_ = make_socket_transport();
 
+  // Two sets: epfd_ holds every socket (links, handshakes, listeners) and is what callers on
+  // the caller's path poll; the engine thread sleeps on sleep_fd_, which holds the wake-up
+  // eventfd and epfd_ itself. While callers poll, epfd_ leaves sleep_fd_, so frames they
+  // handle do not also wake the engine thread.
   epfd_ = epoll_create1(EPOLL_CLOEXEC);
+  sleep_fd_ = epoll_create1(EPOLL_CLOEXEC);
   wakefd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-  if (epfd_ < 0 || wakefd_ < 0) throw Error(Cause::kSystem, -1, "epoll/eventfd creation failed");
-  epoll_add(wakefd_, &wake_poll_, EPOLLIN);
+  if (epfd_ < 0 || sleep_fd_ < 0 || wakefd_ < 0) throw Error(Cause::kSystem, -1, "epoll/eventfd creation failed");
+  {
+    epoll_event e{};
+    e.events = EPOLLIN;
+    e.data.ptr = &wake_poll_;
+    epoll_ctl(sleep_fd_, EPOLL_CTL_ADD, wakefd_, &e);
+    e.data.ptr = nullptr;   // the socket set
+    epoll_ctl(sleep_fd_, EPOLL_CTL_ADD, epfd_, &e);
+  }
   for (size_t i = 0; i < nics_.size(); i++) {
     int port = cfg.port > 0 ? cfg.port + static_cast<int>(i) : 0;
     listeners_.push_back(tp_->listen(nics_[i], port, linkopt_));
@@ -74,6 +120,7 @@ Engine::Engine(const Config& cfg, int rank, int world, const std::vector<std::st
 Engine::~Engine() {
   shutdown();
   if (epfd_ >= 0) ::close(epfd_);
+  if (sleep_fd_ >= 0) ::close(sleep_fd_);
   if (wakefd_ >= 0) ::close(wakefd_);
 }
 
@@ -96,7 +143,7 @@ void Engine::post(std::function<void()> fn) {
 // not return while fn may still run. On the deadline a command not yet started is withdrawn
 // (it will never run); one already running is waited for (commands are short).
 void Engine::call(std::function<void()> fn) {
-  if (std::this_thread::get_id() == thread_.get_id())
+  if (std::this_thread::get_id() == thread_.get_id() || t_running == this)
     throw Error(Cause::kInternal, -1, "Engine::call from the engine thread (it would wait for itself)");
   if (stop_.load()) throw Error(Cause::kClosed, -1, "the r2ccl endpoint is closed");
   struct State {
@@ -307,10 +354,20 @@ int Engine::next_timeout_ms(int64_t now) const {
 void Engine::run() {
   const int64_t tick_ns =
       std::max<int64_t>(1, std::min({cfg_.heartbeat_ms, cfg_.stall_ms, cfg_.reprobe_ms}) / 4) * kMs;
-  epoll_event events[64];
+  epoll_event events[64], woke[2];
+  std::unique_lock<std::mutex> running(run_mu_);
+  CallerScope scope(this, false);
   next_tick_ns_ = now_ns() + tick_ns;
   while (!stop_.load()) {
-    int n = epoll_wait(epfd_, events, 64, next_timeout_ms(now_ns()));
+    // Asleep without run_mu_, so a caller may take the caller's path meanwhile. Events it
+    // handled first are seen here again and find nothing to do.
+    const int timeout_ms = next_timeout_ms(now_ns());
+    running.unlock();
+    const int w = epoll_wait(sleep_fd_, woke, 2, timeout_ms);
+    running.lock();
+    for (int i = 0; i < w; i++)
+      if (woke[i].data.ptr) on_event(static_cast<Pollable*>(woke[i].data.ptr), woke[i].events);
+    const int n = epoll_wait(epfd_, events, 64, 0);
     for (int i = 0; i < n; i++) on_event(static_cast<Pollable*>(events[i].data.ptr), events[i].events);
     run_commands();
     int64_t now = now_ns();
@@ -369,6 +426,7 @@ void Engine::on_event(Pollable* p, uint32_t ev) {
       (void)r;
       return;
     }
+
     case Pollable::kListener:
       accept_all(p->index);
       return;
@@ -656,16 +714,89 @@ void Engine::set_weight(int rank, int rail, double w) {
 
 // ---------------------------------------------------------------- requests
 
+void Engine::do_submit(const std::shared_ptr<Request>& req) {
+  auto it = peers_.find(req->peer);
+  if (it == peers_.end()) {
+    req->finish_error(Cause::kInvalidArgument, "rank " + std::to_string(req->peer) + " is not a connected peer");
+    return;
+  }
+  it->second->core->submit(req, now_ns());
+}
+
+bool Engine::may_take_caller_path(const Request& req) const {
+  return req.len <= kCallerPathMaxBytes && cfg_.poll_us > 0 && t_running != this;
+}
+
 void Engine::submit(const std::shared_ptr<Request>& req) {
-  post([this, req] {
-    auto it = peers_.find(req->peer);
-    if (it == peers_.end()) {
-      req->finish_error(Cause::kInvalidArgument, "rank " + std::to_string(req->peer) + " is not a connected peer");
+  // The caller's path: only with nothing queued, so it never overtakes a command this
+  // thread (or any) posted before.
+  if (may_take_caller_path(*req) && try_run_lock()) {
+    std::lock_guard<std::mutex> running(run_mu_, std::adopt_lock);
+    bool queued;
+    {
+      std::lock_guard<std::mutex> g(cmd_mu_);
+      queued = !cmds_.empty();
+    }
+    if (!queued && !stopped_ && !stop_.load()) {
+      CallerScope scope(this, true);
+      do_submit(req);
       return;
     }
-    it->second->core->submit(req, now_ns());
-  });
+  }
+  post([this, req] { do_submit(req); });
   if (stop_.load()) req->finish_error(Cause::kClosed, "the r2ccl endpoint is closed");
+}
+
+// run_mu_ for the caller's path: the engine thread's turns are short, so wait for it a
+// little (R2CCL_POLL_US, at most 50 us), but never block: the caller may hold a lock that
+// the engine thread's on_finish callbacks take.
+bool Engine::try_run_lock() {
+  if (run_mu_.try_lock()) return true;
+  const int64_t until = now_ns() + std::min<int64_t>(cfg_.poll_us, 50) * 1000;
+  do {
+    std::this_thread::yield();
+    if (run_mu_.try_lock()) return true;
+  } while (now_ns() < until);
+  return false;
+}
+
+// One look at the sockets on the caller's thread, if the engine is idle. Wake-ups are left
+// for the engine thread (it runs the commands they announce).
+bool Engine::caller_poll() {
+  if (!run_mu_.try_lock()) return false;
+  std::lock_guard<std::mutex> running(run_mu_, std::adopt_lock);
+  if (stopped_ || stop_.load()) return false;
+  CallerScope scope(this, true);
+  epoll_event events[16];
+  const int n = epoll_wait(epfd_, events, 16, 0);
+  for (int i = 0; i < n; i++) on_event(static_cast<Pollable*>(events[i].data.ptr), events[i].events);
+  return true;
+}
+
+// The engine thread stops sleeping on the sockets while any caller polls them (and looks at
+// them again when the last one stops: what arrived meanwhile wakes it then).
+void Engine::caller_polling(bool start) {
+  std::lock_guard<std::mutex> g(pollers_mu_);
+  if (start ? pollers_++ != 0 : --pollers_ != 0) return;
+  epoll_event e{};
+  e.events = EPOLLIN;
+  e.data.ptr = nullptr;
+  epoll_ctl(sleep_fd_, start ? EPOLL_CTL_DEL : EPOLL_CTL_ADD, epfd_, &e);
+}
+
+bool Engine::caller_wait(const std::shared_ptr<Request>& req) {
+  if (req->finished()) return true;
+  if (!may_take_caller_path(*req)) return false;
+  const int64_t until = now_ns() + static_cast<int64_t>(cfg_.poll_us) * 1000;
+  caller_polling(true);
+  bool done = false;
+  while (!(done = req->finished()) && now_ns() < until) {
+    caller_poll();
+    if ((done = req->finished())) break;
+    std::this_thread::yield();   // let the engine thread take run_mu_ if it waits for it
+  }
+  caller_polling(false);
+  return done;
 }
 
 void Engine::cancel(const std::shared_ptr<Request>& req, Cause cause, const std::string& why) {
@@ -752,7 +883,7 @@ const Config& Endpoint::config() const { return engine_->config(); }
 void Endpoint::wait(const std::shared_ptr<Request>& req, double timeout_s) {
   if (timeout_s < 0) timeout_s = engine_->config().timeout_s;
   int64_t deadline = now_ns() + static_cast<int64_t>(timeout_s * 1e9);
-  if (!req->wait_until(deadline)) {
+  if (!engine_->caller_wait(req) && !req->wait_until(deadline)) {
     std::string what = std::string(req->kind == Request::kSend ? "send to" : "receive from") + " rank " +
                        std::to_string(req->peer) + " (tag " + std::to_string(req->tag) + ", " +
                        std::to_string(req->len) + " bytes) did not complete within " + std::to_string(timeout_s) + " s";

@@ -121,7 +121,14 @@ class Engine {
   std::string testing_call_from_engine_thread();
 
   void add_peer(int peer, const std::vector<std::string>& addrs);
+  // Any thread. A small request (<= kCallerPathMaxBytes, R2CCL_POLL_US > 0) posted while
+  // the engine is idle and has no command queued runs on the caller's thread at once (the
+  // caller's path: its frames leave from this thread); any other goes to the engine thread.
   void submit(const std::shared_ptr<Request>& req);
+  // Any thread but one already running the engine's work. Waits for a small request by
+  // running the engine's socket work on this thread (the caller's path) for up to
+  // R2CCL_POLL_US, so its completion needs no hand-over. True if it finished.
+  bool caller_wait(const std::shared_ptr<Request>& req);
   void cancel(const std::shared_ptr<Request>& req, Cause cause, const std::string& why);
   std::vector<RailStats> stats(int peer);
   void inject(int peer, int rail, Fault fault, double rate);
@@ -135,6 +142,18 @@ class Engine {
 
  private:
   friend struct Peer;
+  // The caller's path. Whichever thread holds run_mu_ runs the engine's work: the engine
+  // thread between its polls (it never holds it while asleep in epoll_wait), or a caller
+  // that took it with try_lock (never blocking, so no lock order with the caller's own
+  // locks can deadlock). A caller on the path handles socket events only: no commands,
+  // timers or deletions, and the on_finish callbacks of requests it finishes are handed to
+  // the engine thread (Request, t_deferred_callbacks).
+  class CallerScope;
+  bool caller_poll();
+  bool try_run_lock();
+  void caller_polling(bool start);
+  bool may_take_caller_path(const Request& req) const;
+  void do_submit(const std::shared_ptr<Request>& req);
   void run();
   void run_commands();
   void on_event(Pollable* p, uint32_t ev);
@@ -184,11 +203,14 @@ class Engine {
   std::vector<std::unique_ptr<Pollable>> listener_polls_;
   std::vector<std::string> addresses_;
 
-  int epfd_ = -1, wakefd_ = -1;
+  int epfd_ = -1, sleep_fd_ = -1, wakefd_ = -1;
+  std::mutex pollers_mu_;
+  int pollers_ = 0;                // callers polling epfd_ now (caller_wait)
   Pollable wake_poll_{Pollable::kWake};
   std::thread thread_;
   std::atomic<bool> stop_{false};
   std::atomic<int64_t> call_timeout_ms_{30000};
+  std::mutex run_mu_;              // held by whichever thread runs the engine's work (above)
   bool stopped_ = false;
   std::mutex cmd_mu_;
   std::vector<std::function<void()>> cmds_;

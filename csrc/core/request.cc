@@ -7,6 +7,18 @@
 
 namespace r2ccl {
 
+thread_local std::vector<std::function<void()>>* t_deferred_callbacks = nullptr;
+
+namespace {
+void run_on_finish(std::function<void()>& f) {
+  if (!f) return;
+  if (t_deferred_callbacks)
+    t_deferred_callbacks->push_back(std::move(f));
+  else
+    f();
+}
+}  // namespace
+
 void Request::finish_ok() {
   {
     std::lock_guard<std::mutex> g(mu_);
@@ -14,7 +26,7 @@ void Request::finish_ok() {
     done_ = true;
     cv_.notify_all();
   }
-  if (on_finish) on_finish();
+  run_on_finish(on_finish);
 }
 
 void Request::finish_error(Cause cause, const std::string& message) {
@@ -27,7 +39,7 @@ void Request::finish_error(Cause cause, const std::string& message) {
     error_ = message;
     cv_.notify_all();
   }
-  if (on_finish) on_finish();
+  run_on_finish(on_finish);
 }
 
 bool Request::failed() {

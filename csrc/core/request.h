@@ -6,10 +6,15 @@
 #include <functional>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "base/error.h"
 
 namespace r2ccl {
+
+// Where a thread running the engine's work on the caller's path puts the on_finish callbacks
+// of the requests it finishes (null on every other thread: callbacks run at once).
+extern thread_local std::vector<std::function<void()>>* t_deferred_callbacks;
 
 struct Request {
   enum Kind { kSend, kRecv };
@@ -34,6 +39,8 @@ struct Request {
   std::string error_message();
   Cause error_cause();
   // Called once, on the engine thread, right after the request finishes (set before posting).
+  // A request finished on a caller's thread (the caller's path, engine.h) hands its
+  // on_finish to that thread's deferral list, which the engine thread then runs.
   std::function<void()> on_finish;
 
   // engine-only
