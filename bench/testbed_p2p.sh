@@ -4,8 +4,8 @@
 # baselines and the fault runs (fail, blackhole, flap), and always tears the bed down.
 #
 #   sudo bench/testbed_p2p.sh                 # everything; results in bench-results/p2p-<time>/
-#   RUNS="healthy fail" bench/testbed_p2p.sh  # a subset (healthy fail blackhole flap inject)
-# Env: RATE (500mbit), ITERS (10), FAULT_ITERS (3), PORT (first coordinator port, 29500),
+#   RUNS="healthy fail" bench/testbed_p2p.sh  # a subset (healthy latency fail blackhole flap inject)
+# Env: RATE (500mbit), ITERS (10), LAT_ITERS (300), FAULT_ITERS (3), PORT (first coordinator port, 29500),
 #      OUT (result folder), PYTHON (python3),
 #      R2CCL_* (passed through to both processes, e.g. R2CCL_DEBUG=INFO).
 # Needs root (network namespaces). Sends traffic only inside 198.18.0.0/15 namespaces.
@@ -14,10 +14,11 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 RATE=${RATE:-500mbit}
 ITERS=${ITERS:-10}
+LAT_ITERS=${LAT_ITERS:-300}
 FAULT_ITERS=${FAULT_ITERS:-3}
 PORT=${PORT:-29500}
 PYTHON=${PYTHON:-python3}
-RUNS=${RUNS:-healthy fail blackhole flap}
+RUNS=${RUNS:-healthy latency fail blackhole flap}
 OUT=${OUT:-$ROOT/bench-results/p2p-$(date +%Y%m%d-%H%M%S)}
 NICS=nic0,nic1,nic2,nic3
 export PYTHONSAFEPATH=1      # children import the installed jax_r2ccl, not the checkout's source tree
@@ -71,6 +72,8 @@ for r in $RUNS; do
   case "$r" in
     healthy)
       run healthy 600 --sizes 4KiB,16MiB,256MiB --iters "$ITERS" --warmup 2 --timeout 60 ;;
+    latency)    # 4 KiB round trips: the caller's path, the progress thread alone, MPTCP
+      run latency 300 --sizes 4KiB --iters "$LAT_ITERS" --warmup 30 --timeout 60 --thread-baseline ;;
     fail)       # host 1's nic2 loses carrier 0.3 s into the first 256 MiB iteration; healed 1.5 s later
       run fail 180 --sizes 256MiB --iters "$FAULT_ITERS" --warmup 1 --no-baselines --timeout 60 \
         --fault-at 0.3 --fault-cmd "$NETNS fail 1 2; sleep 1.5; $NETNS heal 1 2"

@@ -637,6 +637,7 @@ void ChannelCore::redirect_to_scratch(uint64_t msg_id) {
     if (o->rx.in_payload && o->rx.h.type == FrameType::kData && o->rx.h.msg_id == msg_id) {
       o->rx.scratch = true;
       o->rx.grow = nullptr;   // its staging is about to go
+      io_->recv_dropped(o->index);
     }
 }
 

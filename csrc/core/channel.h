@@ -202,6 +202,10 @@ class RailIo {
   // The payload of the rail's frame being written (Rail::cur) was copied into cur.owned (its
   // send was cancelled, so its buffer goes back to the caller): write the rest from there.
   virtual void payload_moved(int rail) = 0;
+  // The payload of the frame being received on the rail (Rail::rx) is to be dropped from now
+  // on (rx.scratch: its receive was cancelled or failed, its buffer may go back to the
+  // caller): land no more of it where it went.
+  virtual void recv_dropped(int rail) = 0;
 };
 
 // Settings a channel runs by (from Config; tests make them small).

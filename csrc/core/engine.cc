@@ -277,6 +277,12 @@ void Peer::payload_moved(int rail) {
     R2_ERROR("%s: the transport cannot move a posted payload", core->rail_name(rail).c_str());
 }
 
+void Peer::recv_dropped(int rail) {
+  Link& l = *links[static_cast<size_t>(rail)];
+  if (l.link && l.piece_posted && !l.link->drop_recv())
+    R2_ERROR("%s: the transport cannot drop a posted receive", core->rail_name(rail).c_str());
+}
+
 void Engine::set_link(Link& l, std::unique_ptr<FrameLink> link) {
   l.link = std::move(link);
   l.generation++;

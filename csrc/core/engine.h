@@ -95,6 +95,7 @@ struct Peer final : RailIo {
   void drop(int rail, bool was_up) override;
   void redial(int rail) override;
   void payload_moved(int rail) override;
+  void recv_dropped(int rail) override;
 };
 
 class Engine {

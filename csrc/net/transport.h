@@ -127,6 +127,11 @@ class FrameLink {
   virtual LinkCompletion poll_recv() = 0;
   virtual void accept_header(size_t payload_len) = 0;
   virtual void post_recv(void* dst, size_t len, const MemRegion* mr) = 0;
+  // The space of the piece posted last is no longer the receiver's (the receive it belonged
+  // to was cancelled, its buffer may be freed): drop the rest of that piece instead of
+  // landing it. False when the transport cannot (an RDMA READ into it is in flight); then the
+  // space must outlive the piece's kPayload.
+  virtual bool drop_recv() = 0;
 
   virtual const LinkFailure& failure() const = 0;
   // Ends traffic in both directions now (the peer sees its link close).

@@ -90,6 +90,8 @@ struct SimIo final : RailIo {
   void redial(int rail) override;
   // Frames are copied whole when written, so a moved payload needs nothing here.
   void payload_moved(int rail) override { (void)rail; }
+  // Frames arrive whole, and on_header's choice is applied at once: nothing is in flight.
+  void recv_dropped(int rail) override { (void)rail; }
 };
 
 class Sim {

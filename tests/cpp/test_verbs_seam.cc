@@ -54,6 +54,7 @@ R2CCL_DECLARES(VerbsLink, move_payload, bool (VerbsLink::*)(uint64_t, const void
 R2CCL_DECLARES(VerbsLink, poll_recv, LinkCompletion (VerbsLink::*)());
 R2CCL_DECLARES(VerbsLink, accept_header, void (VerbsLink::*)(size_t));
 R2CCL_DECLARES(VerbsLink, post_recv, void (VerbsLink::*)(void*, size_t, const MemRegion*));
+R2CCL_DECLARES(VerbsLink, drop_recv, bool (VerbsLink::*)());
 R2CCL_DECLARES(VerbsLink, failure, const LinkFailure& (VerbsLink::*)() const);
 R2CCL_DECLARES(VerbsLink, shutdown, void (VerbsLink::*)());
 R2CCL_DECLARES(VerbsLink, describe, std::string (VerbsLink::*)() const);
@@ -166,6 +167,6 @@ int main() {
     std::fprintf(stderr, "test_verbs_seam: %d check(s) failed\n", g_failures);
     return 1;
   }
-  std::printf("test_verbs_seam: ok\n");
+  std::printf("test_verbs_seam: all checks passed\n");
   return 0;
 }

@@ -175,6 +175,11 @@ class TcpFrameLink final : public FrameLink {
     rs_ = Rx::kPiece;
   }
 
+  bool drop_recv() override {
+    if (rs_ == Rx::kPiece) piece_dst_ = nullptr;   // the rest is read into drop_ (piece_got_ counts on)
+    return true;
+  }
+
   const LinkFailure& failure() const override { return failure_; }
   void shutdown() override { s_->shutdown(); }
   std::string describe() const override { return s_->describe(); }

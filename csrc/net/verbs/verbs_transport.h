@@ -228,6 +228,10 @@ class VerbsLink final : public FrameLink {
   // anywhere), and dropped pieces cost no bandwidth. The price is the FIN, and the sender's
   // payload staying readable until then.
   void post_recv(void* dst, size_t len, const MemRegion* mr) override;
+  // Eager: true (nothing is copied until the next poll_recv, which then skips the piece).
+  // Rendezvous: false while a READ into the piece is in flight (the NIC writes the old
+  // space until its completion); true once none is, the remaining READs then not issued.
+  bool drop_recv() override;
 
   // The first failure wins and stays. ibv_wc_status: IBV_WC_RETRY_EXC_ERR -> kTimedOut;
   // IBV_WC_RNR_RETRY_EXC_ERR, REM_ACCESS_ERR, REM_INV_REQ_ERR, REM_OP_ERR, LOC_PROT_ERR,

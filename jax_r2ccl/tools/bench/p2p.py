@@ -29,6 +29,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
     add_common_args(p)
     p.add_argument("--no-baselines", action="store_true",
                    help="only the multi-rail transport (skip r2ccl-1rail and mptcp)")
+    p.add_argument("--thread-baseline", action="store_true",
+                   help="also run r2ccl-thread: the same rails with R2CCL_POLL_US=0, so every request "
+                        "goes through the progress thread (no caller's path)")
     p.add_argument("--mptcp-port", type=int, default=0, metavar="P",
                    help="MPTCP server port on the receiver (pair k uses P+k); 0: any free port")
     p.add_argument("--fault-at", type=float, default=None, metavar="SECONDS",
@@ -196,11 +199,11 @@ class Runner:
 
     # ---- r2ccl over a set of NICs
 
-    def run_r2ccl(self, impl: str, nics: list[str], arm_fault: bool) -> None:
+    def run_r2ccl(self, impl: str, nics: list[str], arm_fault: bool, **overrides) -> None:
         from ...transport.bootstrap import connect_jax
         from ...config import Config
         a = self.args
-        cfg = Config.from_env()
+        cfg = Config.from_env(**overrides)
         ep = connect_jax(nics=nics, config=cfg, prefix=f"{a.prefix}/{impl}", timeout=a.timeout)
         try:
             empty = np.empty(0, dtype=np.uint8)
@@ -428,6 +431,8 @@ def main(args: argparse.Namespace) -> int:
     aborted = None
     try:
         run.run_r2ccl("r2ccl", nics, arm_fault=True)
+        if args.thread_baseline:
+            run.run_r2ccl("r2ccl-thread", nics, arm_fault=False, poll_us=0)
         if not args.no_baselines:
             run.run_r2ccl("r2ccl-1rail", nics[:1], arm_fault=False)
             run.run_mptcp()
