@@ -281,6 +281,41 @@ def test_rail_failures_carry_a_reason_code():
     assert r.returncode == 0 and "OK" in r.stdout, explain(r)
 
 
+def test_an_injected_close_reports_what_the_rail_held_unacknowledged():
+    # The demo's proof that its fault landed inside an all-reduce was a look at rail_stats
+    # followed by the close: on a fast path the acks could land in between (CI: 57945 bytes
+    # seen, then 0 chunks re-sent). inject() now reports what the rail held at the close,
+    # measured on the engine thread. Both rails are capped, so chunks sit unacknowledged on
+    # rail 1 when it is closed; they move to rail 0 and the message arrives bit-exact.
+    code = pair("""
+        idle = a.inject(1, 1, "rate", 1e6)          # a sends nothing: its rail holds nothing
+        assert idle == {"unacked_chunks": 0, "unacked_bytes": 0}, idle
+        b.inject(0, 0, "rate", 2e6)
+        b.inject(0, 1, "rate", 2e6)
+        n = 16 << 20
+        want = (np.arange(n // 4, dtype=np.uint32) * np.uint32(2654435761)) ^ np.uint32(0x9e3779b9)
+        got = np.zeros_like(want)
+        r = a.irecv(1, got.view(np.uint8), 5, got)
+        s = b.isend(0, want.view(np.uint8), 5, want)
+        time.sleep(0.3)
+        held = b.inject(0, 1, "close")
+        print("HELD", held)
+        assert held["unacked_chunks"] > 0 and held["unacked_bytes"] > 0, held
+        again = b.inject(0, 1, "close")             # already down: nothing left on it
+        assert again["unacked_chunks"] == 0, again
+        b.inject(0, 0, "heal")
+        s.wait(60.0)
+        r.wait(60.0)
+        assert np.array_equal(got, want), int(np.count_nonzero(got != want))
+        assert b.rail_stats(0)[0]["retransmitted_chunks"] >= held["unacked_chunks"]
+        a.close()
+        b.close()
+        print("OK")
+    """, nics=2)
+    r = run_child(code, timeout=120)
+    assert r.returncode == 0 and "OK" in r.stdout, explain(r)
+
+
 @pytest.mark.parametrize("n", [1000, 100_000], ids=["small", "large"])
 def test_different_programs_fail_at_once_with_a_mismatch_naming_both(n):
     # Before: each waited for R2CCL_TIMEOUT (here 20 s) and raised a timeout. Now each sees

@@ -43,6 +43,13 @@ struct RailStats {
 
 enum class Fault { kNone, kClose, kStall, kRate };
 
+// What a rail held when a fault was injected on it, measured on the engine thread at that
+// moment: for kClose these are the chunks that move to the other rails.
+struct InjectResult {
+  uint64_t unacked_chunks = 0;
+  uint64_t unacked_bytes = 0;
+};
+
 struct NicInfo {
   std::string name, ifname, addr;
 };
@@ -94,8 +101,9 @@ class Endpoint {
   std::vector<RailStats> rail_stats(int peer);
   // Software fault injection on this side of one rail; sticky until Fault::kNone.
   // kClose: the connection is shut and not re-admitted; kStall: nothing is read or written;
-  // kRate: writes are capped at rate_bytes_per_s.
-  void inject(int peer, int rail, Fault fault, double rate_bytes_per_s);
+  // kRate: writes are capped at rate_bytes_per_s. Returns what the rail held unacknowledged
+  // at that moment (a close that returns zero chunks landed between transfers).
+  InjectResult inject(int peer, int rail, Fault fault, double rate_bytes_per_s);
   // The health monitor's seam: relative share of new chunks for a rail (0 = none). A rail's
   // in-flight window and its chunk size scale with weight / (largest weight of the channel).
   void set_rail_weight(int peer, int rail, double weight);

@@ -616,7 +616,8 @@ std::vector<RailStats> Engine::stats(int rank) {
   return out;
 }
 
-void Engine::inject(int rank, int rail, Fault fault, double rate) {
+InjectResult Engine::inject(int rank, int rail, Fault fault, double rate) {
+  InjectResult held;
   call([&] {
     Peer& pr = *peer(rank);
     if (rail < 0 || rail >= static_cast<int>(pr.links.size()))
@@ -635,6 +636,12 @@ void Engine::inject(int rank, int rail, Fault fault, double rate) {
     l.tokens = 0;
     l.tokens_ns = now;
     l.next_tx_ns = 0;
+    if (r.state == RailState::kUp)
+      for (const auto& [seq, c] : pr.ch().window)
+        if (c.rail == rail) {
+          held.unacked_chunks++;
+          held.unacked_bytes += c.len;
+        }
     pr.core->hold_rail(rail, 0);
     pr.core->set_paused(rail, fault == Fault::kStall, now);
     if (fault == Fault::kClose && r.state != RailState::kDown)
@@ -645,6 +652,7 @@ void Engine::inject(int rank, int rail, Fault fault, double rate) {
       if (r.state == RailState::kUp) rail_writable(pr, l);
     }
   });
+  return held;
 }
 
 void Engine::set_nic_state(int nic, bool up, const std::string& why) {
@@ -902,7 +910,7 @@ void Endpoint::wait(const std::shared_ptr<Request>& req, double timeout_s) {
 }
 
 std::vector<RailStats> Endpoint::rail_stats(int peer) { return engine_->stats(peer); }
-void Endpoint::inject(int peer, int rail, Fault f, double rate) { engine_->inject(peer, rail, f, rate); }
+InjectResult Endpoint::inject(int peer, int rail, Fault f, double rate) { return engine_->inject(peer, rail, f, rate); }
 void Endpoint::set_rail_weight(int peer, int rail, double w) { engine_->set_weight(peer, rail, w); }
 void Endpoint::set_nic_state(int nic, bool up, const std::string& why) { engine_->set_nic_state(nic, up, why); }
 std::vector<NicInfo> Endpoint::nics() const { return engine_->nic_list(); }

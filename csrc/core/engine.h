@@ -132,7 +132,7 @@ class Engine {
   bool caller_wait(const std::shared_ptr<Request>& req);
   void cancel(const std::shared_ptr<Request>& req, Cause cause, const std::string& why);
   std::vector<RailStats> stats(int peer);
-  void inject(int peer, int rail, Fault fault, double rate);
+  InjectResult inject(int peer, int rail, Fault fault, double rate);
   void set_weight(int peer, int rail, double w);
   void set_nic_state(int nic, bool up, const std::string& why);
   std::vector<NicInfo> nic_list() const;

@@ -261,8 +261,15 @@ NB_MODULE(_core, m) {
           "inject",
           [](Endpoint& ep, int peer, int rail, const std::string& fault, double rate) {
             Fault f = parse_fault(fault);
-            nb::gil_scoped_release nogil;
-            ep.inject(peer, rail, f, rate);
+            InjectResult held;
+            {
+              nb::gil_scoped_release nogil;
+              held = ep.inject(peer, rail, f, rate);
+            }
+            nb::dict out;
+            out["unacked_chunks"] = held.unacked_chunks;
+            out["unacked_bytes"] = held.unacked_bytes;
+            return out;
           },
           nb::arg("peer"), nb::arg("rail"), nb::arg("fault"), nb::arg("rate_bytes_per_s") = 0.0)
       .def(

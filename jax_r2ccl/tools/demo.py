@@ -75,21 +75,31 @@ def _free_port() -> int:
 class _Fault:
     """Takes a rail down inside a step's all-reduce and proves it did: waits (bounded) until a
     rail holds unacknowledged bytes of the step (the given rail, or else the one holding the
-    most), takes that rail down, and later reads how many chunks the other rails re-sent for it."""
+    most) and takes that rail down. On loopback the close is injected on the engine thread,
+    which reports the chunks the rail held unacknowledged at that moment (they move to the
+    other rails); a close that caught none (the step's bytes were acknowledged between the
+    look and the close) is healed at once and tried again at the next step, a bounded number
+    of times. Later it reads how many chunks the other rails re-sent."""
+
+    MAX_TRIES = 8
 
     def __init__(self, ep, peer: int, rail: int | None, testbed: bool, rate_Bps: float):
-        self.ep, self.peer, self.rail, self.testbed, self.rate_Bps = ep, peer, rail, testbed, rate_Bps
+        self.ep, self.peer, self.fixed_rail, self.testbed, self.rate_Bps = ep, peer, rail, testbed, rate_Bps
+        self.rail = rail
         self.inflight_at_fault = 0
-        self.resent_before = 0
+        self.resent_before = None
+        self.landed = False
+        self.tries = 0
+        self.misses = []            # rails closed when they held nothing (healed at once)
 
     def _stats(self):
         return self.ep.rail_stats(self.peer)
 
     def _pick(self, st) -> int:
-        if self.rail is not None:
-            return self.rail
+        if self.fixed_rail is not None:
+            return self.fixed_rail
         # On the test bed nic0 also carries jax.distributed's coordination traffic: keep it up.
-        rails = range(1 if self.testbed else 0, len(st))
+        rails = [k for k in range(1 if self.testbed else 0, len(st)) if st[k]["state"] == "up"] or [len(st) - 1]
         return max(rails, key=lambda k: st[k]["inflight_bytes"])
 
     # A rail is taken down once it holds this much of the step unacknowledged, or half its
@@ -107,10 +117,21 @@ class _Fault:
         enough = s["inflight_bytes"] >= min(self.MIN_INFLIGHT_BYTES, s["window_bytes"] // 2)
         return (enough or s["unsent_bytes"] > 0) if need_unsent else enough
 
-    def take_down(self, wait_s: float = 5.0) -> None:
+    def pending(self) -> bool:
+        """Whether a (further) try is due at this step."""
+        # Only an injected close on a rail the demo picks is retried: a test-bed link or a given
+        # rail is taken down once (a link the kernel took down is healed at the heal step).
+        retry = not self.testbed and self.fixed_rail is None
+        return not self.landed and self.tries < (self.MAX_TRIES if retry else 1)
+
+    def take_down(self, wait_s: float = 5.0) -> bool:
+        """One try; True when the rail went down holding bytes of the step."""
+        self.tries += 1
         t0 = time.monotonic()
         deadline = t0 + wait_s
         st = self._stats()
+        if self.resent_before is None:
+            self.resent_before = sum(s["retransmitted_chunks"] for s in st)
         while time.monotonic() < deadline:
             # A part-written frame is preferred for a while (loopback), then enough in flight.
             need_unsent = not self.testbed and time.monotonic() - t0 < self.PREFER_UNSENT_S
@@ -118,16 +139,21 @@ class _Fault:
                 break
             time.sleep(0.0002)
             st = self._stats()
-        self.rail = self._pick(st)
-        self.inflight_at_fault = st[self.rail]["inflight_bytes"]
-        self.resent_before = sum(s["retransmitted_chunks"] for s in st)
+        rail = self._pick(st)
         t0 = time.monotonic()
         if self.testbed:
             from . import testbed
-            testbed.fail(0, self.rail)           # this host's NIC k carries rail k: the kernel reports carrier lost
+            testbed.fail(0, rail)           # this host's NIC k carries rail k: the kernel reports carrier lost
+            held = st[rail]["inflight_bytes"]   # the kernel takes the link down: measured just before
         else:
-            self.ep.inject(self.peer, self.rail, "close")
+            held = self.ep.inject(self.peer, rail, "close")["unacked_bytes"]   # measured at the close
         self.fault_s = time.monotonic() - t0
+        self.rail, self.inflight_at_fault = rail, held
+        self.landed = held > 0
+        if not self.landed and self.pending():
+            self.misses.append(rail)
+            self.ep.inject(self.peer, rail, "rate", self.rate_Bps)    # healed: it comes back by itself
+        return self.landed
 
     def heal(self) -> None:
         if self.testbed:
@@ -137,7 +163,7 @@ class _Fault:
             self.ep.inject(self.peer, self.rail, "rate", self.rate_Bps)
 
     def resent(self) -> int:
-        return sum(s["retransmitted_chunks"] for s in self._stats()) - self.resent_before
+        return sum(s["retransmitted_chunks"] for s in self._stats()) - (self.resent_before or 0)
 
     def wait_recovered(self, timeout_s: float = 10.0) -> bool:
         """After the heal: the rail is back up (re-dialled, re-admitted after the hold-down)."""
@@ -224,17 +250,20 @@ def _worker(a) -> int:
         for i in range(a.steps):
             faulty = run == "with failure" and fault is not None
             params, loss = step(params, xs, ys)          # dispatched: runs while Python goes on
-            if faulty and i == fail_step:
+            trying = faulty and fail_step <= i < heal_step and fault.pending()
+            if trying:
                 fault.take_down()
                 how = "link down: carrier lost" if a.testbed else "connection closed"
                 print(f"[demo] step {i}: rail {fault.rail} to process {peers[0]} taken DOWN ({how}, "
                       f"{fault.fault_s * 1e3:.1f} ms) with {fault.inflight_at_fault} bytes of this step's all-reduce "
-                      f"unacknowledged on it", flush=True)
+                      f"unacknowledged on it" + ("" if fault.landed else
+                                                 " (missed the step's bytes: healed, tried again next step)"),
+                      flush=True)
             if faulty and i == heal_step:
                 fault.heal()
                 print(f"[demo] step {i}: rail {fault.rail} healed", flush=True)
             losses.append(np.asarray(loss).item())
-            if faulty and i == fail_step:
+            if trying and fault.landed:
                 print(f"[demo] step {i}: finished; {fault.resent()} chunks re-sent on the other rails for the "
                       f"failed one", flush=True)
             if me == 0 and (i % 50 == 0 or i == a.steps - 1 or

@@ -105,13 +105,17 @@ class Endpoint:
     def rail_stats(self, peer: int) -> list[dict]:
         return self._ep.rail_stats(int(peer))
 
-    def inject(self, peer: int, rail: int, fault: str, rate_bytes_per_s: float = 0.0) -> None:
+    def inject(self, peer: int, rail: int, fault: str, rate_bytes_per_s: float = 0.0) -> dict:
         """Software fault on this side of one rail (sticky until 'heal'):
         'close' shuts the connection and keeps it down, 'stall' stops reading and writing
-        (a black hole), 'rate' caps its sending rate, 'heal' ends the fault."""
+        (a black hole), 'rate' caps its sending rate, 'heal' ends the fault.
+
+        Returns what the rail held unacknowledged at that moment, measured on the engine
+        thread: {'unacked_chunks': n, 'unacked_bytes': b}. After 'close' those chunks go to
+        the other rails; zero means the fault fell between transfers."""
         if fault not in FAULTS:
             raise R2cclError(f"unknown fault {fault!r}; use one of {', '.join(FAULTS)}")
-        self._ep.inject(int(peer), int(rail), fault, float(rate_bytes_per_s))
+        return self._ep.inject(int(peer), int(rail), fault, float(rate_bytes_per_s))
 
     def set_rail_weight(self, peer: int, rail: int, weight: float) -> None:
         self._ep.set_rail_weight(int(peer), int(rail), float(weight))
