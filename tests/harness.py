@@ -49,20 +49,23 @@ def wait_all(procs: list, timeout: float, func: str) -> list[str]:
 
 def run_ranks(func: str, world: int, *, nics=None, config: dict | None = None, args: dict | None = None,
               timeout: float = 60.0, per_rank_nics: list | None = None, env: dict | None = None,
-              netns: list | None = None, expect_fail: bool = False, may_die=()) -> list[dict]:
+              netns: list | None = None, expect_fail: bool = False, may_die=(),
+              rank_config: list | None = None) -> list[dict]:
     """Starts `world` processes running tests/workers.py:`func`(ep, rank, world, **args).
 
     Returns one dict per rank: {"ok": True, "result": ...} or {"ok": False, "error": str,
     "cause": str, "peer": int}. Raises RankFailed when a process crashes or runs past
     `timeout` (it is then killed by PID), or when a rank fails and expect_fail is False.
     `netns`: per-rank command prefix (e.g. the test bed's run_prefix(host)), optional.
+    `rank_config`: per-rank settings laid over `config` (a list of dicts, one per rank).
     """
     cfg = dict(FAST)
     cfg.update(config or {})
     import cluster
     if cluster.active():
         why = ("kills a rank" if may_die else "uses the local network-namespace test bed" if netns else
-               "needs per-rank NIC lists" if per_rank_nics else None)
+               "needs per-rank NIC lists" if per_rank_nics else
+               "needs per-rank settings" if rank_config else None)
         return cluster.run_ranks(func, world, config=cfg, args=args or {}, timeout=timeout, expect_fail=expect_fail,
                                  unsupported=why)
     with tempfile.TemporaryDirectory(prefix="r2ccl-test-") as tmp:
@@ -70,7 +73,8 @@ def run_ranks(func: str, world: int, *, nics=None, config: dict | None = None, a
         for rank in range(world):
             spec = {"func": func, "rank": rank, "world": world, "kv": os.path.join(tmp, "kv"),
                     "nics": (per_rank_nics[rank] if per_rank_nics else (nics or LOOPBACK4)),
-                    "config": cfg, "args": args or {}, "out": os.path.join(tmp, f"out{rank}.json")}
+                    "config": {**cfg, **(rank_config[rank] if rank_config else {})}, "args": args or {},
+                    "out": os.path.join(tmp, f"out{rank}.json")}
             path = os.path.join(tmp, f"spec{rank}.json")
             with open(path, "w") as f:
                 json.dump(spec, f)

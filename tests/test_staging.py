@@ -82,8 +82,10 @@ def test_a_staging_bound_too_small_for_one_step_is_a_clear_error_on_every_proces
 def test_a_failed_device_fold_fails_every_local_rank_without_a_hang(who):
     # 2 local ranks fold on the "device": the leader's (who=0) or the member's (who=1) copy
     # engine fails its third batch; every local rank's call fails, none hangs, the next works
+    # (The peer leaves case 0 when it sees this process in case 1, after R2CCL_MISMATCH_MS
+    # and a quarter, 2.5 s; case 1 here waits that long for it, within R2CCL_TIMEOUT.)
     cases = [("all_reduce", "float32", "sum", 50_000, 0), ("all_reduce", "int32", "sum", 40_000, 0)]
-    rs = run_ranks("staged_collective", 2, timeout=120, config={"timeout_s": 3.0},
+    rs = run_ranks("staged_collective", 2, timeout=120, config={"timeout_s": 6.0},
                    args={"cases": cases, "local": 2, "chunk_bytes": 16 << 10, "pool_bytes": 1 << 20,
                          "fail_copy": {"case": 0, "rank": who, "batch": 2}})
     for r in rs:
@@ -91,6 +93,24 @@ def test_a_failed_device_fold_fails_every_local_rank_without_a_hang(who):
         assert res["bad"] == [], res["bad"]
         assert [e["case"] for e in res["errors"]] == [0], res["errors"]
     assert set(rs[0]["result"]["errors"][0]["errors"]) == {"0", "1"}   # both local ranks of process 0
+
+
+def test_chunks_a_failed_local_rank_abandoned_are_not_taken_for_another_program():
+    # Process 0's local rank fails case 0 after two of its chunks: process 0 moves on to
+    # case 1 while process 1 still announces case 0's later chunks. Before: process 0 took
+    # those announcements for another program and failed case 1 with a mismatch (seen in CI
+    # under ASan, where it won the race; here process 0 looks sooner, so it always would).
+    # Now the chunks process 0 abandoned count as run there: only case 0 fails, on both.
+    cases = [("all_reduce", "float32", "sum", 50_000, 0), ("all_reduce", "int32", "sum", 40_000, 0)]
+    rs = run_ranks("staged_collective", 2, timeout=120, config={"timeout_s": 10.0},
+                   rank_config=[{"mismatch_ms": 300}, {"mismatch_ms": 2000}],
+                   args={"cases": cases, "local": 2, "chunk_bytes": 16 << 10, "pool_bytes": 1 << 20,
+                         "fail_copy": {"case": 0, "rank": 1, "batch": 2}})
+    for r in rs:
+        res = r["result"]
+        assert res["bad"] == [], res["bad"]
+        assert [e["case"] for e in res["errors"]] == [0], res["errors"]
+    assert all(e["cause"] == "device" for e in rs[0]["result"]["errors"][0]["errors"].values())
 
 
 def test_a_failed_copy_fails_the_call_without_a_hang_and_the_next_call_works():

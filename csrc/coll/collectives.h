@@ -109,6 +109,10 @@ class Executor {
   // Whether a collective with this tag was submitted here lately (the last kRanKept): a
   // peer's announcement of one is late news, not another program. Any thread.
   bool ran(uint64_t tag);
+  // A collective this process will never run (one of its local ranks could not take part):
+  // counted as run for ran(), so a peer's announcement of it is not taken for another
+  // program. Any thread.
+  void skipped(uint64_t tag) { note_ran(tag); }
 
  private:
   void loop();

@@ -87,8 +87,19 @@ Runtime::Slot Runtime::arrive_locked(const DeviceCall& call) {
   return {&p, k, static_cast<size_t>(std::count(members.begin(), members.end(), my_process_))};
 }
 
+uint64_t Runtime::process_tag(const Key& key) {
+  const auto& [comm_id, group, run_id, op_id, k] = key;
+  return hash_combine(hash_combine(hash_combine(hash_combine(hash_combine(0x52324343, comm_id),
+                                                             static_cast<uint64_t>(group)),
+                                                run_id),
+                                   op_id),
+                      k);
+}
+
 void Runtime::poison_locked(const Key& key, Pending& p, const Error& e) {
-  (void)key;
+  // This process will not run that collective: a peer's announcement of it is late news,
+  // not another program (else the next collective here would blame the peer for a mismatch).
+  ex_.skipped(process_tag(key));
   p.failed = e;
   std::vector<DeviceCall> waiting = std::move(p.calls);
   p.calls.clear();
@@ -228,12 +239,7 @@ bool Runtime::device_call(DeviceCall call) {
     pc.process_of_rank = members;
     pc.timeout_s = timeout_s_;
     pc.what = comm.name;
-    uint64_t tag = hash_combine(hash_combine(hash_combine(hash_combine(hash_combine(0x52324343, a.comm_id),
-                                                                       static_cast<uint64_t>(a.group)),
-                                                          a.run_id),
-                                             a.op_id),
-                                k);
-    pc.tag = tag;
+    pc.tag = process_tag(key);
     for (auto& c : ready) {
       pc.my_ranks.push_back(static_cast<int>(c.rank));
       pc.in.push_back(c.in);

@@ -99,6 +99,8 @@ class Runtime {
     size_t local;
   };
   Slot arrive_locked(const DeviceCall& call);
+  // The process-level collective's tag (equal on every process for the same call).
+  static uint64_t process_tag(const Key& key);
   // Fails the waiting calls of `key` with `e` and poisons it for the local ranks still to come.
   void poison_locked(const std::tuple<uint64_t, int64_t, uint64_t, uint64_t, uint64_t>& key, Pending& p, const Error& e);
   // Local rendezvous older than R2CCL_TIMEOUT fail (a local rank whose launch never came).
