@@ -137,3 +137,41 @@ def test_private_jax_apis_stay_behind_the_compatibility_module():
             bad += [f"{os.path.relpath(path, PKG)}:{node.lineno} imports {n}" for n in names
                     if n.startswith(("jax._src", "jax.interpreters", "jaxlib"))]
     assert not bad, "private JAX APIs outside jax_r2ccl/_compat:\n" + "\n".join(bad)
+
+
+# The C++ layers (docs/design.md, "layers"): the folders a folder of csrc/ may include from.
+CSRC = os.path.join(os.path.dirname(PKG), "csrc")
+CPP_MAY_INCLUDE = {
+    "base": {"base"},
+    "net": {"base", "net"},
+    "core": {"base", "net", "core"},
+    "coll": {"base", "core", "coll"},
+    "stage": {"base", "coll", "stage"},
+    "cuda": {"base", "coll", "stage", "cuda"},
+    "monitor": {"base", "core", "monitor"},
+    "comm": {"base", "core", "coll", "monitor", "comm"},
+    "ffi": {"base", "coll", "stage", "cuda", "ffi", "xla"},
+    "python": {"base", "net", "core", "coll", "stage", "cuda", "monitor", "comm", "ffi"},
+}
+# The per-peer state machine and its window have no socket or transport in them.
+CPP_NO_NET = ("core/channel.h", "core/channel.cc", "core/rail_pace.h", "core/rail_pace.cc")
+
+
+def test_no_cpp_include_runs_across_a_layer():
+    import re
+    bad = []
+    folders = sorted(d for d in os.listdir(CSRC) if os.path.isdir(os.path.join(CSRC, d)))
+    assert set(folders) == set(CPP_MAY_INCLUDE), f"a csrc folder without a layer rule: {folders}"
+    for folder in folders:
+        for root, _, files in os.walk(os.path.join(CSRC, folder)):
+            for name in files:
+                path = os.path.join(root, name)
+                rel = os.path.relpath(path, CSRC)
+                with open(path, errors="replace") as f:
+                    for line in f:
+                        m = re.match(r'\s*#\s*include\s+"([a-z_]+)/', line)
+                        if not m:
+                            continue
+                        if m.group(1) not in CPP_MAY_INCLUDE[folder] or (rel in CPP_NO_NET and m.group(1) == "net"):
+                            bad.append(f"{rel}: {line.strip()}")
+    assert not bad, "includes across a layer:\n" + "\n".join(bad)

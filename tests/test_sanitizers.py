@@ -3,7 +3,7 @@ built under AddressSanitizer + UBSan.
 
 Builds jax_r2ccl._core with -DR2CCL_SANITIZE=ON in build/pytest-asan, stages it beside a
 copy of the Python package, and runs tests/test_transport.py, test_health.py, test_plans.py
-test_staging.py and test_core_faults.py in a child pytest with the
+test_staging.py, test_core_faults.py and test_communicator.py in a child pytest with the
 sanitizer runtimes preloaded (leak checking off: CPython itself does not free everything).
 Any ASan or UBSan report fails the run."""
 
@@ -56,7 +56,8 @@ def test_transport_suite_is_clean_under_asan_and_ubsan(tmp_path):
     env["UBSAN_OPTIONS"] = "print_stacktrace=1:halt_on_error=1:exitcode=87"
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--timeout=600",
                         *(str(ROOT / "tests" / f) for f in ("test_transport.py", "test_health.py", "test_plans.py",
-                                                             "test_staging.py", "test_core_faults.py"))],
+                                                             "test_staging.py", "test_core_faults.py",
+                                                             "test_communicator.py"))],
                        capture_output=True, text=True, timeout=1400, env=env, cwd=str(tmp_path))
     report = r.stdout[-8000:] + r.stderr[-4000:]
     assert r.returncode == 0, report

@@ -647,6 +647,9 @@ class Executor::Op {
     pieces_.push_back(std::move(pc));
   }
 
+  // An op is part of its executor: the executor owns it (incoming_ and its loop's list; a
+  // request's callback reaches it only through a weak_ptr, under the Waker's lock that
+  // close() takes), so these share the executor's lifetime, and the endpoint's.
   Executor* ex_;
   Endpoint& ep_;
   ProcessCall c_;
@@ -684,13 +687,14 @@ class Executor::Op {
   bool suspect_ = false;
 };
 
-Executor::Executor(Endpoint& ep, int my_process, CollectiveOptions opt)
-    : ep_(ep), my_process_(my_process), opt_(opt), waker_(std::make_shared<Waker>()) {
+Executor::Executor(std::shared_ptr<Endpoint> ep, int my_process, CollectiveOptions opt)
+    : ep_(std::move(ep)), my_process_(my_process), opt_(opt), waker_(std::make_shared<Waker>()) {
+  if (!ep_) throw Error(Cause::kInvalidArgument, -1, "the collective executor needs an endpoint");
   waker_->ex = this;
-  if (!parse_plan(ep.config().plan, &opt_.plan))
-    throw Error(Cause::kInvalidArgument, -1, "R2CCL_PLAN=" + ep.config().plan + " is not a plan");
+  if (!parse_plan(ep_->config().plan, &opt_.plan))
+    throw Error(Cause::kInvalidArgument, -1, "R2CCL_PLAN=" + ep_->config().plan + " is not a plan");
   thread_ = std::thread([this] {
-    log_bind_thread(ep_.config().debug_level, ep_.rank());
+    log_bind_thread(ep_->config().debug_level, ep_->rank());
     loop();
   });
 }
@@ -717,7 +721,7 @@ void Executor::submit(ProcessCall call) {
     return;
   }
   note_ran(call.tag);
-  auto op = std::make_shared<Op>(this, ep_, std::move(call), my_process_, opt_);
+  auto op = std::make_shared<Op>(this, *ep_, std::move(call), my_process_, opt_);
   std::weak_ptr<Op> weak = op;
   op->set_wake([waker = waker_, weak] {
     std::lock_guard<std::mutex> w(waker->mu);

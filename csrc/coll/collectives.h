@@ -85,11 +85,11 @@ struct CollectiveOptions {
 // Threads: one executor thread runs every call's steps; submit, run, set_capacity_source,
 // last_plan, ran and close are safe from any thread but the endpoint's engine thread (run
 // and close wait). A call's `done` runs on the executor thread, or on the engine thread
-// when a small all-reduce completes there (Op::try_complete_inline). The endpoint must
-// outlive it (close() first).
-class Executor {
+// when a small all-reduce completes there (Op::try_complete_inline). It shares the
+// endpoint's lifetime (holds it); close() it before the endpoint is closed.
+class Executor : public std::enable_shared_from_this<Executor> {
  public:
-  Executor(Endpoint& ep, int my_process, CollectiveOptions opt = {});
+  Executor(std::shared_ptr<Endpoint> ep, int my_process, CollectiveOptions opt = {});
   ~Executor();
   Executor(const Executor&) = delete;
   Executor& operator=(const Executor&) = delete;
@@ -122,7 +122,7 @@ class Executor {
   std::unordered_set<uint64_t> ran_set_;
   std::deque<uint64_t> ran_order_;
 
-  Endpoint& ep_;
+  std::shared_ptr<Endpoint> ep_;
   int my_process_;
   CollectiveOptions opt_;
   std::mutex mu_;

@@ -6,6 +6,7 @@
 #include "base/log.h"
 
 #include <chrono>
+#include <utility>
 
 namespace r2ccl::coll {
 
@@ -27,20 +28,47 @@ std::shared_ptr<Runtime> Runtime::current() {
 }
 
 void Runtime::install(std::shared_ptr<Runtime> rt) {
-  std::lock_guard<std::mutex> g(g_mu);
-  g_runtime = std::move(rt);
+  std::shared_ptr<Runtime> old;   // released outside the lock: its destructor joins a thread
+  {
+    std::lock_guard<std::mutex> g(g_mu);
+    old = std::exchange(g_runtime, std::move(rt));
+  }
 }
 
-Runtime::Runtime(Endpoint& ep, Executor& ex, int my_process, double timeout_s)
-    : ep_(ep), ex_(ex), my_process_(my_process), timeout_s_(timeout_s), watch_([this] { watchdog(); }) {}
+void Runtime::uninstall(const Runtime* rt) {
+  std::shared_ptr<Runtime> old;
+  {
+    std::lock_guard<std::mutex> g(g_mu);
+    if (g_runtime.get() == rt) old = std::move(g_runtime);
+  }
+}
 
-Runtime::~Runtime() {
+Runtime::Runtime(std::shared_ptr<Endpoint> ep, std::shared_ptr<Executor> ex, int my_process, double timeout_s)
+    : ep_(std::move(ep)), ex_(std::move(ex)), my_process_(my_process), timeout_s_(timeout_s) {
+  if (!ep_ || !ex_) throw Error(Cause::kInvalidArgument, -1, "the collective runtime needs an endpoint and an executor");
+  watch_ = std::thread([this] { watchdog(); });
+}
+
+Runtime::~Runtime() { close(); }
+
+void Runtime::close() {
+  std::map<Key, Pending> waiting;
   {
     std::lock_guard<std::mutex> g(mu_);
+    if (closed_) return;
+    closed_ = true;
     stop_ = true;
+    waiting = std::move(pending_);
+    pending_.clear();
   }
   watch_cv_.notify_all();
-  watch_.join();
+  if (watch_.joinable() && watch_.get_id() != std::this_thread::get_id()) watch_.join();
+  // Local ranks that arrived and wait for the others would otherwise wait for good.
+  const Error e(Cause::kClosed, -1, "jax_r2ccl was shut down while this collective waited for the process's "
+                                    "other local ranks");
+  for (auto& [key, p] : waiting)
+    for (auto& c : p.calls)
+      if (c.done) c.done(&e);
 }
 
 void Runtime::watchdog() {
@@ -99,7 +127,7 @@ uint64_t Runtime::process_tag(const Key& key) {
 void Runtime::poison_locked(const Key& key, Pending& p, const Error& e) {
   // This process will not run that collective: a peer's announcement of it is late news,
   // not another program (else the next collective here would blame the peer for a mismatch).
-  ex_.skipped(process_tag(key));
+  ex_->skipped(process_tag(key));
   p.failed = e;
   std::vector<DeviceCall> waiting = std::move(p.calls);
   p.calls.clear();
@@ -110,6 +138,7 @@ void Runtime::poison_locked(const Key& key, Pending& p, const Error& e) {
 void Runtime::abandon(const DeviceCall& call, const Error& why) {
   std::lock_guard<std::mutex> g(mu_);
   size_t n = 0;
+  if (closed_) return;
   if (!check_locked(call, &n).empty()) return;   // a call that could never be made: nothing to match
   Slot s = arrive_locked(call);
   Key key{call.comm_id, call.group, call.run_id, call.op_id, s.k};
@@ -132,7 +161,7 @@ void Runtime::register_comm(uint64_t comm_id, std::vector<std::vector<int>> grou
   comms_[comm_id] = Comm{std::move(groups), std::move(name)};
 }
 
-const Config& Runtime::config() const { return ep_.config(); }
+const Config& Runtime::config() const { return ep_->config(); }
 
 std::string Runtime::check_locked(const DeviceCall& call, size_t* n_ranks) const {
   auto ci = comms_.find(call.comm_id);
@@ -193,6 +222,7 @@ bool Runtime::device_call(DeviceCall call) {
   {
     std::lock_guard<std::mutex> g(mu_);
     size_t n_ranks_unused = 0;
+    if (closed_) return fail(Cause::kClosed, "jax_r2ccl was shut down (jax_r2ccl.shutdown()) before this collective ran");
     std::string bad = check_locked(call, &n_ranks_unused);
     if (!bad.empty()) return fail(Cause::kInvalidArgument, bad);
     const Comm& comm = comms_.find(call.comm_id)->second;
@@ -252,7 +282,7 @@ bool Runtime::device_call(DeviceCall call) {
     for (auto& c : *calls)
       if (c.done) c.done(e);
   };
-  ex_.submit(std::move(pc));
+  ex_->submit(std::move(pc));
   return alone;
 }
 

@@ -46,10 +46,11 @@ struct DeviceCall {
 // Threads: device_call, abandon, check and local_ranks come from XLA's threads (one per
 // local device, any order), register_comm from the Python thread; all are safe from any
 // thread but the engine's. A watchdog thread of its own fails local rendezvous that never
-// complete. The endpoint and executor must outlive it (uninstall and destroy it first).
+// complete. It shares the endpoint's and the executor's lifetime (holds both); a custom
+// call that found it through current() holds it, and so them, until the call is done.
 class Runtime {
  public:
-  Runtime(Endpoint& ep, Executor& ex, int my_process, double timeout_s);
+  Runtime(std::shared_ptr<Endpoint> ep, std::shared_ptr<Executor> ex, int my_process, double timeout_s);
   ~Runtime();
   Runtime(const Runtime&) = delete;
   Runtime& operator=(const Runtime&) = delete;
@@ -57,6 +58,11 @@ class Runtime {
   // The process-wide runtime the custom calls use (null before jax_r2ccl.initialize()).
   static std::shared_ptr<Runtime> current();
   static void install(std::shared_ptr<Runtime> rt);
+  // Uninstalls `rt` if it is the current one (a later install is left alone).
+  static void uninstall(const Runtime* rt);
+  // Stops the watchdog; local rendezvous still waiting fail with kClosed, and later calls
+  // fail at once. Idempotent; any thread but the engine's.
+  void close();
 
   // groups[g][r] = the process of rank r of group g. Registering the same id again with the
   // same layout is a no-op; with another layout it is an error.
@@ -106,8 +112,9 @@ class Runtime {
   // Local rendezvous older than R2CCL_TIMEOUT fail (a local rank whose launch never came).
   void watchdog();
 
-  Endpoint& ep_;
-  Executor& ex_;
+  std::shared_ptr<Endpoint> ep_;
+  std::shared_ptr<Executor> ex_;
+  bool closed_ = false;   // under mu_
   int my_process_;
   double timeout_s_;
   mutable std::mutex mu_;

@@ -62,7 +62,9 @@ class Engine;
 // waiting for themselves (cancel and wait must not be called there at all: cancel would do
 // nothing, wait would wait for itself). The exceptions are marked: post_send and post_recv
 // only queue work; rank, world, addresses, config and nics read values fixed at construction.
-class Endpoint {
+// Held by std::shared_ptr (Python's handle, the executor, the monitor and the runtime share
+// it): whoever holds it keeps it alive; close() stops it while others still hold it.
+class Endpoint : public std::enable_shared_from_this<Endpoint> {
  public:
   // `secret` is the job's shared secret (any bytes, at least 16); `nics` name interfaces or
   // IPv4 addresses. Opens one listener per NIC and starts the progress engine.

@@ -83,8 +83,9 @@ std::string fmt_rate(double bps) {
 
 }  // namespace
 
-Monitor::Monitor(Endpoint& ep, const Config& cfg) : ep_(ep), cfg_(cfg) {
-  for (auto& info : ep_.nics()) {
+Monitor::Monitor(std::shared_ptr<Endpoint> ep, const Config& cfg) : ep_(std::move(ep)), cfg_(cfg) {
+  if (!ep_) throw Error(Cause::kInvalidArgument, -1, "the health monitor needs an endpoint");
+  for (auto& info : ep_->nics()) {
     NicTrack n;
     n.name = info.name;
     n.ifname = info.ifname;
@@ -125,7 +126,7 @@ Monitor::Monitor(Endpoint& ep, const Config& cfg) : ep_(ep), cfg_(cfg) {
   // The baseline of every rail's counters: what happens from here on is reported.
   sample(mono_ns());
   thread_ = std::thread([this] {
-    log_bind_thread(ep_.config().debug_level, ep_.rank());
+    log_bind_thread(ep_->config().debug_level, ep_->rank());
     run();
   });
 }
@@ -176,7 +177,7 @@ void Monitor::run() {
         t.readmit_ns = 0;
         if (!t.link_up || t.admitted) continue;
         t.admitted = true;
-        ep_.set_nic_state(static_cast<int>(i), true, "link up and stable");
+        ep_->set_nic_state(static_cast<int>(i), true, "link up and stable");
         emit({0, unix_s(), "nic_readmitted", -1, -1, t.name,
               "link stable through the hold-down; rails re-dialled"});
       }
@@ -268,7 +269,7 @@ void Monitor::link_change(size_t i, bool up, const std::string& why) {
     t.readmit_ns = 0;
     if (t.admitted) {
       t.admitted = false;
-      ep_.set_nic_state(static_cast<int>(i), false, why);
+      ep_->set_nic_state(static_cast<int>(i), false, why);
     }
     emit({0, unix_s(), "link_down", -1, -1, name, why});
     return;
@@ -285,9 +286,9 @@ void Monitor::link_change(size_t i, bool up, const std::string& why) {
 }
 
 void Monitor::sample(int64_t now) {
-  std::vector<int> peers = ep_.peers();
+  std::vector<int> peers = ep_->peers();
   std::map<int, std::vector<RailStats>> by_peer;
-  for (int peer : peers) by_peer[peer] = ep_.rail_stats(peer);
+  for (int peer : peers) by_peer[peer] = ep_->rail_stats(peer);
   for (int peer : peers) {
     const std::vector<RailStats>& stats = by_peer[peer];
     double best = 0;
@@ -357,7 +358,7 @@ void Monitor::sample(int64_t now) {
       bool big = target < 0.8 * t.weight || target > 1.25 * t.weight;
       t.pending = big ? t.pending + 1 : 0;
       if (t.pending >= kAgree && now - t.weight_ns >= kWeightHoldNs) {
-        ep_.set_rail_weight(peer, s.rail, target);
+        ep_->set_rail_weight(peer, s.rail, target);
         t.weight = target;
         t.weight_ns = now;
         t.pending = 0;

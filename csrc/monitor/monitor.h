@@ -54,10 +54,11 @@ struct NicHealth {
 
 // Threads: its own sampling thread steers the endpoint; every public call is safe from any
 // thread but the endpoint's engine thread (rails() and nics() read under the monitor's lock;
-// events() may block for its timeout). The endpoint must outlive it (close() first).
-class Monitor {
+// events() may block for its timeout). It shares the endpoint's lifetime (holds it);
+// close() it before the endpoint is closed.
+class Monitor : public std::enable_shared_from_this<Monitor> {
  public:
-  Monitor(Endpoint& ep, const Config& cfg);
+  Monitor(std::shared_ptr<Endpoint> ep, const Config& cfg);
   ~Monitor();
   Monitor(const Monitor&) = delete;
   Monitor& operator=(const Monitor&) = delete;
@@ -108,7 +109,7 @@ class Monitor {
   void update_capacity(const std::map<int, std::vector<RailStats>>& by_peer);
   void emit(Event e);   // these run with mu_ held
 
-  Endpoint& ep_;
+  std::shared_ptr<Endpoint> ep_;
   Config cfg_;
   int nl_fd_ = -1, wake_fd_ = -1;
   std::string source_;

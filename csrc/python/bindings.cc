@@ -17,6 +17,7 @@
 #include "coll/plan.h"
 #include "coll/reduce.h"
 #include "coll/runtime.h"
+#include "comm/communicator.h"
 #include "monitor/monitor.h"
 #include "ffi/handlers.h"
 #include "cuda/api.h"
@@ -50,8 +51,9 @@ void reap_orphans() {
 struct PyRequest {
   std::shared_ptr<Request> req;
   nb::object keepalive;
-  Endpoint* ep;
-  PyRequest(std::shared_ptr<Request> r, nb::object k, Endpoint* e) : req(std::move(r)), keepalive(std::move(k)), ep(e) {}
+  std::shared_ptr<Endpoint> ep;   // a request outlives neither its endpoint nor its buffer
+  PyRequest(std::shared_ptr<Request> r, nb::object k, std::shared_ptr<Endpoint> e)
+      : req(std::move(r)), keepalive(std::move(k)), ep(std::move(e)) {}
   PyRequest(PyRequest&&) = default;
   PyRequest& operator=(PyRequest&&) = default;
   PyRequest(const PyRequest&) = delete;
@@ -207,14 +209,14 @@ NB_MODULE(_core, m) {
            "timeout < 0 means R2CCL_TIMEOUT.")
       .def("done", &PyRequest::done);
 
+  // Endpoint, Monitor, Collectives and Communicator are made in C++ and held by shared_ptr:
+  // the Python object is one holder among the C++ parts that use it (never the only owner).
   nb::class_<Endpoint>(m, "Endpoint")
-      .def(
-          "__init__",
-          [](Endpoint* self, const Config& cfg, int rank, int world, const std::vector<std::string>& nics,
-             nb::bytes secret) {
-            new (self) Endpoint(cfg, rank, world, nics, std::string(secret.c_str(), secret.size()));
-          },
-          nb::arg("config"), nb::arg("rank"), nb::arg("world"), nb::arg("nics"), nb::arg("secret"))
+      .def(nb::new_([](const Config& cfg, int rank, int world, const std::vector<std::string>& nics,
+                       nb::bytes secret) {
+             return std::make_shared<Endpoint>(cfg, rank, world, nics, std::string(secret.c_str(), secret.size()));
+           }),
+           nb::arg("config"), nb::arg("rank"), nb::arg("world"), nb::arg("nics"), nb::arg("secret"))
       .def_prop_ro("rank", &Endpoint::rank)
       .def_prop_ro("world", &Endpoint::world)
       .def_prop_ro("addresses", &Endpoint::addresses)
@@ -231,7 +233,7 @@ NB_MODULE(_core, m) {
           [](Endpoint& ep, int peer, Buffer buf, uint64_t tag, nb::handle owner) {
             reap_orphans();
             auto r = ep.post_send(peer, tag, buf.data(), buf.nbytes());
-            return PyRequest(r, nb::borrow(owner), &ep);
+            return PyRequest(r, nb::borrow(owner), ep.shared_from_this());
           },
           nb::arg("peer"), nb::arg("buffer"), nb::arg("tag"), nb::arg("owner"), nb::keep_alive<0, 1>())
       .def(
@@ -241,7 +243,7 @@ NB_MODULE(_core, m) {
               throw Error(Cause::kInvalidArgument, peer, "receive buffer has no data");
             reap_orphans();
             auto r = ep.post_recv(peer, tag, buf.data(), buf.nbytes());
-            return PyRequest(r, nb::borrow(owner), &ep);
+            return PyRequest(r, nb::borrow(owner), ep.shared_from_this());
           },
           nb::arg("peer"), nb::arg("buffer"), nb::arg("tag"), nb::arg("owner"), nb::keep_alive<0, 1>())
       .def(
@@ -313,7 +315,10 @@ NB_MODULE(_core, m) {
   }, "Requests whose handle was dropped unfinished and whose buffer is still held (tests).");
 
   nb::class_<monitor::Monitor>(m, "Monitor")
-      .def(nb::init<Endpoint&, const Config&>(), nb::arg("endpoint"), nb::arg("config"), nb::keep_alive<1, 2>())
+      .def(nb::new_([](std::shared_ptr<Endpoint> ep, const Config& cfg) {
+             return std::make_shared<monitor::Monitor>(std::move(ep), cfg);
+           }),
+           nb::arg("endpoint"), nb::arg("config"))
       .def("rails",
            [](monitor::Monitor& mo) {
              std::vector<monitor::RailHealth> rs;
@@ -383,7 +388,10 @@ NB_MODULE(_core, m) {
   // Process-level collectives over an endpoint (tests, benchmarks; the FFI layer uses the
   // same executor).
   nb::class_<coll::Executor>(m, "Collectives")
-      .def(nb::init<Endpoint&, int>(), nb::arg("endpoint"), nb::arg("my_process"), nb::keep_alive<1, 2>())
+      .def(nb::new_([](std::shared_ptr<Endpoint> ep, int my_process) {
+             return std::make_shared<coll::Executor>(std::move(ep), my_process);
+           }),
+           nb::arg("endpoint"), nb::arg("my_process"))
       .def(
           "run",
           [](coll::Executor& ex, const std::string& kind, const std::string& dtype, const std::string& op, int root,
@@ -625,11 +633,32 @@ NB_MODULE(_core, m) {
       nb::arg("depth") = 3, nb::arg("fail_after") = -1, nb::arg("timeout") = 30.0, nb::arg("device_fold") = true);
   m.def(
       "runtime_install",
-      [](Endpoint& ep, coll::Executor& ex, int my_process, double timeout_s) {
-        coll::Runtime::install(std::make_shared<coll::Runtime>(ep, ex, my_process, timeout_s));
+      [](std::shared_ptr<Endpoint> ep, std::shared_ptr<coll::Executor> ex, int my_process, double timeout_s) {
+        coll::Runtime::install(std::make_shared<coll::Runtime>(std::move(ep), std::move(ex), my_process, timeout_s));
       },
       nb::arg("endpoint"), nb::arg("executor"), nb::arg("my_process"), nb::arg("timeout_s"));
-  m.def("runtime_uninstall", [] { coll::Runtime::install(nullptr); });
+  m.def("runtime_uninstall", [] {
+    nb::gil_scoped_release nogil;   // the runtime's destructor joins its watchdog
+    coll::Runtime::install(nullptr);
+  });
+
+  // What jax_r2ccl.initialize() opens, owned in one place and closed in one order
+  // (comm/communicator.h).
+  nb::class_<comm::Communicator>(m, "Communicator")
+      .def(nb::new_([](std::shared_ptr<Endpoint> ep, int my_process) {
+             nb::gil_scoped_release nogil;
+             return comm::Communicator::open(std::move(ep), my_process);
+           }),
+           nb::arg("endpoint"), nb::arg("my_process"))
+      .def_prop_ro("endpoint", [](comm::Communicator& c) { return c.endpoint(); })
+      .def_prop_ro("executor", [](comm::Communicator& c) { return c.executor(); })
+      .def_prop_ro("monitor", [](comm::Communicator& c) { return c.monitor(); }, "None when R2CCL_MONITOR_MS=0.")
+      .def_prop_ro("my_process", &comm::Communicator::my_process)
+      .def_prop_ro("closed", &comm::Communicator::closed)
+      .def("close", [](comm::Communicator& c) {
+        nb::gil_scoped_release nogil;
+        c.close();
+      }, "Stops the runtime, the monitor, the executor and the endpoint, in that order.");
   m.def(
       "register_comm",
       [](uint64_t comm_id, const std::vector<std::vector<int>>& groups, const std::string& name) {

@@ -23,22 +23,30 @@ FFI_TARGET = "r2ccl_collective"
 
 @dataclasses.dataclass
 class Runtime:
-    """What one initialize() opened. `generation` numbers initialize/shutdown cycles, so a
-    later cycle's barrier and key names never collide with an earlier one's."""
+    """What one initialize() opened: a handle to the process's communicator (_core's
+    Communicator, which owns the executor, the monitor and the collective runtime over the
+    endpoint, and closes them in order). `generation` numbers initialize/shutdown cycles, so
+    a later cycle's barrier and key names never collide with an earlier one's."""
     endpoint: Endpoint
-    executor: object                 # _core.Collectives
+    comm: object                     # _core.Communicator
     monitor: HealthMonitor | None    # None when R2CCL_MONITOR_MS=0
     rank: int
     world: int
     config: Config
     generation: int
 
+    @property
+    def executor(self):
+        """The collective executor (_core.Collectives) the custom calls run on."""
+        return self.comm.executor
+
     def last_plan(self) -> dict:
-        return self.executor.last_plan()
+        return self.comm.executor.last_plan()
 
     def close(self, timeout: float | None = None) -> None:
         """Waits for dispatched computations and (several processes) for every process to
-        get here, then stops the monitor, the executor and the endpoint, in that order."""
+        get here, then closes the communicator: the runtime, the monitor, the executor and
+        the endpoint, in that order."""
         import jax
         try:
             jax.effects_barrier()
@@ -52,12 +60,10 @@ class Runtime:
                                                      int(wait_s * 1000))
             except Exception:  # noqa: BLE001 - a peer that is gone must not hold this one
                 pass
-        _core.runtime_uninstall()
         if self.monitor is not None:
-            self.executor.set_capacity_source(None)
-            self.monitor.close()
-        self.executor.close()
-        self.endpoint.close()
+            self.monitor.mark_closed()
+        self.comm.close()
+        self.endpoint.close()            # the Python side's part (the C++ endpoint is closed)
 
 
 _lock = threading.Lock()
@@ -101,12 +107,8 @@ def initialize(*, nics: Sequence[str] | None = None, config: Config | None = Non
                                        timeout=timeout)
         else:
             ep = Endpoint(0, 1, nics=nics or ["127.0.0.1"], secret=Endpoint.new_secret(), config=config)
-        ex = _core.Collectives(ep._ep, rank)
-        _core.runtime_install(ep._ep, ex, rank, float(config.timeout_s))
-        monitor = None
-        if config.monitor_ms > 0:
-            monitor = HealthMonitor(ep)
-            ex.set_capacity_source(monitor._mon)   # the all-reduce planner's input
+        comm = _core.Communicator(ep._ep, rank)   # installs the runtime the custom calls reach
+        monitor = HealthMonitor(ep, comm.monitor) if comm.monitor is not None else None
         if not _ffi_registered:   # XLA keeps a registration for the life of the process
             for name, capsule in _core.ffi_targets().items():
                 jax.ffi.register_ffi_target(name, capsule, platform="cpu")
@@ -115,7 +117,7 @@ def initialize(*, nics: Sequence[str] | None = None, config: Config | None = Non
             for name, capsule in _core.ffi_targets_cuda().items():
                 jax.ffi.register_ffi_target(name, capsule, platform="CUDA")
             _ffi_registered = True
-        _current = Runtime(endpoint=ep, executor=ex, monitor=monitor, rank=rank, world=world, config=config,
+        _current = Runtime(endpoint=ep, comm=comm, monitor=monitor, rank=rank, world=world, config=config,
                            generation=_generation)
         return ep
 

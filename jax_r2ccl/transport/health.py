@@ -14,10 +14,11 @@ from typing import Callable, Iterator
 class HealthMonitor:
     """The monitor of one transport Endpoint (jax_r2ccl.transport.Endpoint)."""
 
-    def __init__(self, endpoint):
+    def __init__(self, endpoint, core=None):
+        """Starts a monitor of `endpoint`, or (core) wraps one a communicator started."""
         from .. import _core
         self.endpoint = endpoint
-        self._mon = _core.Monitor(endpoint._ep, endpoint.config.to_core())
+        self._mon = core if core is not None else _core.Monitor(endpoint._ep, endpoint.config.to_core())
         self._closed = False
 
     def snapshot(self) -> dict:
@@ -44,6 +45,10 @@ class HealthMonitor:
     def on_event(self, fn: Callable[[dict], None]) -> "Subscription":
         """Calls fn(event) on a daemon thread for every event from now on."""
         return Subscription(self, fn)
+
+    def mark_closed(self) -> None:
+        """Ends iter_events() loops; the owner (a communicator) closes the monitor itself."""
+        self._closed = True
 
     def close(self) -> None:
         self._closed = True
