@@ -7,13 +7,10 @@ ASan/UBSan by test_sanitizers.py."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import textwrap
 
-PY = sys.executable
-SECRET = "b'0123456789abcdef0123456789abcdef'"
+from test_core_faults import SECRET, explain, run_child
+
 ONE = f"""
 import gc, threading, time
 import numpy as np
@@ -22,16 +19,6 @@ cfg = _core.Config()
 cfg.timeout_s = 20.0
 ep = _core.Endpoint(cfg, 0, 1, ["127.0.0.1"], {SECRET})
 """
-
-
-def run_child(code: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONSAFEPATH="1")
-    return subprocess.run([PY, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=timeout,
-                          env=env, cwd="/")
-
-
-def explain(r: subprocess.CompletedProcess) -> str:
-    return f"rc={r.returncode}\nstdout:\n{r.stdout[-3000:]}\nstderr:\n{r.stderr[-3000:]}"
 
 
 def test_a_request_outlives_the_handle_of_its_endpoint():
