@@ -73,7 +73,7 @@ for r in $RUNS; do
     healthy)
       run healthy 600 --sizes 4KiB,16MiB,256MiB --iters "$ITERS" --warmup 2 --timeout 60 ;;
     latency)    # 4 KiB round trips: the caller's path, the progress thread alone, MPTCP
-      run latency 300 --sizes 4KiB --iters "$LAT_ITERS" --warmup 30 --timeout 60 --thread-baseline ;;
+      run latency 300 --sizes 4KiB --iters "$LAT_ITERS" --warmup 30 --timeout 60 --thread-baseline --poll-baseline ;;
     fail)       # host 1's nic2 loses carrier 0.3 s into the first 256 MiB iteration; healed 1.5 s later
       run fail 180 --sizes 256MiB --iters "$FAULT_ITERS" --warmup 1 --no-baselines --timeout 60 \
         --fault-at 0.3 --fault-cmd "$NETNS fail 1 2; sleep 1.5; $NETNS heal 1 2"

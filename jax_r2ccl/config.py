@@ -148,6 +148,15 @@ SETTINGS: tuple[Setting, ...] = (
             "GPU platform: bytes of one step of the device -> host -> network -> host -> device "
             "pipeline (copies, network and reduction of different steps overlap). Must be equal on "
             "every process."),
+    Setting("R2CCL_EAGER_BYTES", "eager_bytes", int,
+            "Sends up to this size complete as soon as they are copied (at most "
+            f"{_size(CONSTANTS['eager_bytes_max'])}): the transport keeps the copy until the peer "
+            "acknowledges it and re-sends it over another rail if one fails, and the receiver "
+            "acknowledges such sends lazily (batched), so neither side waits for an ack. If every "
+            "rail to the peer then stays down past R2CCL_TIMEOUT, the next operation with that peer "
+            "fails and names the undelivered send (the receive fails too). While "
+            f"{_size(CONSTANTS['eager_held_bytes'])} of copies to one peer await acks, further sends "
+            "complete when acknowledged. 0: every send completes when acknowledged."),
     Setting("R2CCL_POLL_US", "poll_us", int,
             f"Small sends and receives (<= {_size(CONSTANTS['caller_path_bytes'])}) take the caller's "
             "path: a send leaves from the caller's thread when the progress thread is idle, and a "

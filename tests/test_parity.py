@@ -190,7 +190,8 @@ def test_error_causes_are_the_cores():
 
 def test_constants_are_the_ones_the_core_checks_and_the_docs_quote():
     k = _core.constants()
-    assert set(k) == {"small_collective_bytes", "min_chunk_bytes", "max_chunk_bytes", "caller_path_bytes"}
+    assert set(k) == {"small_collective_bytes", "min_chunk_bytes", "max_chunk_bytes", "caller_path_bytes",
+                      "eager_bytes_max", "eager_held_bytes"}
     for ok in (k["min_chunk_bytes"], k["max_chunk_bytes"]):
         assert Config.from_env(env={}, chunk_bytes=ok, rail_window_bytes=max(ok, 1 << 20)).chunk_bytes == ok
     for bad in (k["min_chunk_bytes"] - 1, k["max_chunk_bytes"] + 1):
@@ -201,6 +202,11 @@ def test_constants_are_the_ones_the_core_checks_and_the_docs_quote():
     assert config._size(k["max_chunk_bytes"]) in doc["chunk_bytes"]
     assert config._size(k["min_chunk_bytes"]) in doc["chunk_bytes"]
     assert f"(<= {config._size(k['caller_path_bytes'])})" in doc["poll_us"]
+    assert f"(at most {config._size(k['eager_bytes_max'])})" in doc["eager_bytes"]
+    assert config._size(k["eager_held_bytes"]) in doc["eager_bytes"]
+    assert Config.from_env(env={}, eager_bytes=k["eager_bytes_max"]).eager_bytes == k["eager_bytes_max"]
+    with pytest.raises(config.R2cclError, match="R2CCL_EAGER_BYTES"):
+        Config.from_env(env={}, eager_bytes=k["eager_bytes_max"] + 1)
     assert config._size(65536) == "64 KiB" and config._size(64 << 20) == "64 MiB" and config._size(1000) == "1000 bytes"
 
 

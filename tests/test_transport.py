@@ -146,6 +146,35 @@ def test_timed_out_send_is_abandoned_cleanly_on_both_sides():
     assert r1["after_ok"]
 
 
+@pytest.mark.parametrize("eager", [True, False])
+def test_small_sends_complete_when_copied_and_arrive_exactly(eager):
+    # R2CCL_EAGER_BYTES: a small send finishes as soon as its bytes are copied, even with
+    # every rail stalled, and the caller may reuse the buffer at once; a large one (and with
+    # R2CCL_EAGER_BYTES=0 every one) waits for its acks. Small sends followed at once by
+    # close() still arrive, bit for bit.
+    # (Small windows, 4 x 32 KiB: the 192 KiB sent before the close cannot all leave without
+    # acks, so the close must wait for them.)
+    small = {"chunk_bytes": 16 << 10, "rail_window_bytes": 32 << 10}
+    r0, r1 = results(run_ranks("eager_sends", 2, args={"eager": eager},
+                               config=small if eager else {**small, "eager_bytes": 0}))
+    n = 48 if eager else 4
+    assert r0["small_finished_while_stalled"] == (n if eager else 0), r0
+    assert r0["large_done_while_stalled"] is False, r0
+    assert r1["large_exact"] and r1["wrong"] == [], r1
+
+
+def test_an_undeliverable_eager_send_fails_the_next_operation_with_that_peer():
+    # Every rail down past R2CCL_TIMEOUT after an eager send had finished: the sender's next
+    # operation with that peer fails naming it; the receiver learns it was abandoned; then
+    # the channel carries traffic again.
+    r0, r1 = results(run_ranks("eager_undeliverable", 2, config={"timeout_s": 1.0}, timeout=60))
+    cause, peer, msg = r0["next"]
+    assert cause == "all_rails_down" and peer == 1, r0
+    assert "eager send" in msg and "never delivered" in msg and "4096 bytes, tag 1" in msg, msg
+    assert r1["recv"] is not None and "abandoned" in r1["recv"][1], r1
+    assert r1["after_ok"], r1
+
+
 @pytest.mark.parametrize("weights", [[3, 1, 1, 1], [1, 0, 1, 1]])
 def test_rail_weights_steer_the_split(weights):
     r0, r1 = results(run_ranks("weighted_split", 2, args={"weights": weights}))

@@ -830,3 +830,98 @@ def caller_path_threads(ep, rank, world, threads=4, rounds=300):
         t.join(60)
     barrier(ep, rank, world)
     return {"errors": errors, "counts": counts, "alive": sum(t.is_alive() for t in ts)}
+
+
+def eager_sends(ep, rank, world, n=48, size=4096, big=1 << 20, stall_s=0.15, eager=True):
+    """Small sends complete when copied (R2CCL_EAGER_BYTES): while every rail is stalled a
+    small send finishes and its buffer is reused at once, a large one waits for its acks;
+    the receiver gets exactly the bytes sent. Then small sends and an immediate close: they
+    are still delivered. eager=False (R2CCL_EAGER_BYTES=0): a small send waits for its acks."""
+    peer = 1 - rank
+    out = {}
+    if not eager:
+        n = 4
+    if rank == 0:
+        rails = [s["rail"] for s in ep.rail_stats(peer)]
+        for r in rails:
+            ep.inject(peer, r, "stall")
+        t0 = time.monotonic()
+        buf = np.empty(size, np.uint8)
+        finished, pending = 0, []
+        for i in range(n):
+            if eager:
+                buf[:] = pattern(size, 100 + i)
+                ep.isend(peer, buf, tag=5).wait(timeout=stall_s / 2)
+                finished += 1
+                buf[:] = 0xA5   # the caller reuses its buffer: what was sent must be the copy
+            else:
+                pending.append(ep.isend(peer, pattern(size, 100 + i), tag=5))
+        large = ep.isend(peer, pattern(big, 7), tag=6)
+        while time.monotonic() - t0 < stall_s:
+            time.sleep(0.01)
+        out["small_finished_while_stalled"] = finished + sum(bool(r.done()) for r in pending)
+        out["large_done_while_stalled"] = bool(large.done())
+        for r in rails:
+            ep.inject(peer, r, "heal")
+        for r in pending:
+            r.wait()
+        large.wait()
+        barrier(ep, rank, world)
+        for r in rails if eager else []:   # 1 MB/s in all: most is still queued at the close
+            ep.inject(peer, r, "rate", 250e3)
+        for i in range(n):
+            buf[:] = pattern(size, 200 + i)
+            ep.isend(peer, buf, tag=7).wait(timeout=stall_s)
+            buf[:] = 0x5A
+        return out   # and rank_main closes the endpoint at once
+    got = np.empty(size, np.uint8)
+    wrong = []
+    for i in range(n):
+        ep.recv(peer, got, tag=5)
+        if not np.array_equal(got, pattern(size, 100 + i)):
+            wrong.append(["stalled", i])
+    large = np.empty(big, np.uint8)
+    ep.recv(peer, large, tag=6)
+    out["large_exact"] = bool(np.array_equal(large, pattern(big, 7)))
+    barrier(ep, rank, world)
+    time.sleep(0.5)   # the sender has closed by now: the messages wait here, whole
+    for i in range(n):
+        ep.recv(peer, got, tag=7)
+        if not np.array_equal(got, pattern(size, 200 + i)):
+            wrong.append(["closed", i])
+    out["wrong"] = wrong
+    return out
+
+
+def eager_undeliverable(ep, rank, world, size=4096, down_s=2.0):
+    """An eager send whose every rail stays down past R2CCL_TIMEOUT: the next operation with
+    that peer fails saying so; once rails are back the receiver learns the message was
+    abandoned, and the channel goes on."""
+    peer = 1 - rank
+    out = {}
+    if rank == 0:
+        rails = [s["rail"] for s in ep.rail_stats(peer)]
+        for r in rails:
+            ep.inject(peer, r, "close")
+        ep.isend(peer, pattern(size, 1), tag=1).wait(timeout=1.0)   # eager: finished when copied
+        time.sleep(down_s)
+        try:
+            ep.send(peer, pattern(size, 2), tag=2, timeout=5)
+            out["next"] = None
+        except R2cclError as e:
+            out["next"] = [e.cause, e.peer, str(e)]
+        for r in rails:
+            ep.inject(peer, r, "heal")
+        ep.send(peer, pattern(1 << 16, 3), tag=3, timeout=10)
+    else:
+        time.sleep(down_s + 1.0)
+        try:
+            ep.recv(peer, np.empty(size, np.uint8), tag=1, timeout=10)
+            out["recv"] = None
+        except R2cclError as e:
+            out["recv"] = [e.cause, str(e)]
+        buf = np.empty(1 << 16, np.uint8)
+        ep.recv(peer, buf, tag=3, timeout=10)
+        out["after_ok"] = bool(np.array_equal(buf, pattern(1 << 16, 3)))
+    barrier(ep, rank, world)
+    return out

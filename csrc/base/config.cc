@@ -28,6 +28,8 @@ std::string Config::validate() const {
   if (monitor_ms < 0 || monitor_ms > 60000) return bad("R2CCL_MONITOR_MS", "must be 0..60000");
   if (link_holddown_ms < 0 || link_holddown_ms > 600000) return bad("R2CCL_LINK_HOLDDOWN_MS", "must be 0..600000");
   if (poll_us < 0 || poll_us > 1000000) return bad("R2CCL_POLL_US", "must be 0..1000000");
+  if (eager_bytes > kEagerBytesMax)
+    return bad("R2CCL_EAGER_BYTES", "must be 0.." + std::to_string(kEagerBytesMax));
   if (sync_wait_us < 0 || sync_wait_us > 1000000) return bad("R2CCL_SYNC_WAIT_US", "must be 0..1000000");
   if (staging_chunk_bytes < kStagingChunkMin || staging_chunk_bytes > kStagingChunkMax)
     return bad("R2CCL_STAGING_CHUNK_BYTES",

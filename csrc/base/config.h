@@ -19,6 +19,12 @@ inline constexpr uint64_t kChunkBytesMax = 64ull << 20;
 // Exported to Python as _core.constants().
 inline constexpr uint64_t kCallerPathMaxBytes = 32 << 10;
 
+// Largest R2CCL_EAGER_BYTES (an eager send is copied at submit), and what one peer's eager
+// sends may hold in copies not yet acknowledged: past it a small send completes when
+// acknowledged again, so a sender that outruns its peer is held back instead of buffering.
+inline constexpr uint64_t kEagerBytesMax = 1 << 20;
+inline constexpr uint64_t kEagerHeldBytes = 4 << 20;
+
 // Bounds of R2CCL_STAGING_CHUNK_BYTES (one step of the device <-> host staging pipeline).
 inline constexpr uint64_t kStagingChunkMin = 4096;
 inline constexpr uint64_t kStagingChunkMax = 1ull << 30;
@@ -45,6 +51,7 @@ struct Config {
   bool adaptive_weights = true;              // R2CCL_ADAPTIVE_WEIGHTS: rail weights follow measured bandwidth
   int link_holddown_ms = 100;                // R2CCL_LINK_HOLDDOWN_MS: a NIC back up waits this long (x2 per recent flap)
   std::string plan = "auto";                 // R2CCL_PLAN: all-reduce plan (coll::kPlanNames; checked there)
+  uint64_t eager_bytes = 32 << 10;           // R2CCL_EAGER_BYTES: sends up to this size complete when copied (0: when acked)
   int poll_us = 250;                         // R2CCL_POLL_US: a small request's waiter polls the network itself this long
   int sync_wait_us = 1000;                   // R2CCL_SYNC_WAIT_US: XLA's thread waits this long for a lone small collective
   uint64_t staging_bytes = 32 << 20;         // R2CCL_STAGING_BYTES: pinned host staging per GPU (bound of its pool)

@@ -24,6 +24,7 @@ namespace {
 constexpr int64_t kMs = 1000000;
 constexpr uint64_t kMinChunkBytes = 16 << 10;   // smallest chunk a low-weight rail is dealt
 constexpr int kMaxProtocolErrors = 8;
+constexpr int kLazyAckChunks = 16;             // eager chunks whose acks wait at most (zero-byte ones too)
 
 std::string size_mismatch(int peer, uint64_t sent, uint64_t tag, uint64_t expects) {
   return "rank " + std::to_string(peer) + " sent " + std::to_string(sent) + " bytes with tag " + std::to_string(tag) +
@@ -72,6 +73,11 @@ ChannelSettings ChannelSettings::from(const Config& cfg) {
   s.pace.min_chunk = kMinChunkBytes;
   s.pace.min_window = 2 * kMinChunkBytes;
   s.pace.target_ns = cfg.rail_queue_ms * kMs;
+  s.eager_bytes = cfg.eager_bytes;
+  s.eager_held_bytes = kEagerHeldBytes;
+  // Half the smallest window a rail can have: a sender held back by its window is never
+  // waiting for acks the receiver holds back.
+  s.lazy_ack_bytes = std::min<uint64_t>(kMinChunkBytes, std::min(s.pace.min_window, s.pace.max_window) / 2);
   return s;
 }
 
@@ -224,10 +230,14 @@ void ChannelCore::fail_rail(int rail, FailReason reason, const std::string& why,
   for (auto& f : r.ctrl) salvage_acks(f);
   ch.orphan_acks.insert(ch.orphan_acks.end(), r.acks.begin(), r.acks.end());
   r.acks.clear();
+  r.lazy_bytes = 0;
+  r.lazy_chunks = 0;
+  r.ack_now = false;
   r.cur = TxFrame();
   r.ctrl.clear();
   r.rx.reset();
   r.inflight = 0;
+  r.eager_inflight = 0;
   r.pace.on_idle();
   if (r.busy_since_ns) r.busy_ns += now - r.busy_since_ns;
   r.busy_since_ns = 0;
@@ -277,9 +287,22 @@ void ChannelCore::send_rail_state(int rail, bool up, int64_t now) {
 void ChannelCore::goodbye() {
   for (auto& r : ch.rails)
     if (r->state == RailState::kUp) {
+      if (!r->paused) flush_acks(*r);
       queue_ctrl(*r, FrameType::kBye, {});
       io_->kick(r->index);
     }
+}
+
+size_t ChannelCore::request_acks(int64_t now) {
+  if (ch.dead || ch.eager_sends.empty()) return ch.dead ? 0 : ch.eager_sends.size();
+  for (auto& r : ch.rails)
+    if (r->state == RailState::kUp && !r->paused && r->ctrl.empty()) {
+      std::vector<uint8_t> body(kHeartbeatBytes, 0);
+      store_le64(body.data(), static_cast<uint64_t>(now));
+      queue_ctrl(*r, FrameType::kHeartbeat, std::move(body));
+      io_->kick(r->index);
+    }
+  return ch.eager_sends.size();
 }
 
 // ---------------------------------------------------------------- dealing and acks
@@ -291,7 +314,7 @@ bool ChannelCore::next_chunk(Chunk* c, uint64_t max_len) {
     // A send that failed or was cancelled meanwhile still owes the receiver this sequence
     // number: it goes as an abort mark, so the receiver learns the message is abandoned and
     // its cumulative point moves on (a skipped number would hold it back for good).
-    if (c->req->finished() && !c->void_) {
+    if (!c->void_ && (c->req->eager ? c->req->undeliverable : c->req->finished())) {
       c->void_ = true;
       c->len = 0;
       c->offset = 0;
@@ -300,7 +323,7 @@ bool ChannelCore::next_chunk(Chunk* c, uint64_t max_len) {
   }
   while (!ch.sendq.empty()) {
     auto& req = ch.sendq.front();
-    if (req->cancelled) {
+    if (req->cancelled || req->undeliverable) {
       ch.sendq.pop_front();
       continue;
     }
@@ -357,11 +380,16 @@ void ChannelCore::pump(int64_t now) {
     }
     ch.vclock = std::max(ch.vclock, best_vt);
     r.vtime = best_vt + static_cast<double>(std::max<uint32_t>(c.len, 1)) / r.weight;
+    // An eager chunk's ack may wait at the receiver: it takes window but measures nothing
+    // (neither busy time nor a rate or round-trip sample).
+    const bool eager = c.req->eager;
+    const bool rated_idle = r.inflight == r.eager_inflight;
     if (r.inflight == 0) r.progress_ns = now;
-    if (r.inflight == 0 && c.len > 0) r.busy_since_ns = now;
-    if (c.len > 0) r.pace.on_deal(now, r.inflight == 0);
+    if (!eager && rated_idle && c.len > 0) r.busy_since_ns = now;
+    if (!eager && c.len > 0) r.pace.on_deal(now, rated_idle);
     c.dealt_ns = now;
     r.inflight += c.len;
+    if (eager) r.eager_inflight += c.len;
     if (c.resend) r.retransmitted++;
     c.rail = r.index;
     FrameHeader h;
@@ -373,8 +401,9 @@ void ChannelCore::pump(int64_t now) {
     h.offset = c.offset;
     h.msg_len = c.req->len;
     h.tag_seq = c.req->tag_seq;
-    const uint8_t* payload = c.req->buf + c.offset;
+    const uint8_t* payload = c.req->payload() + c.offset;
     if (c.void_) h.flags |= kFlagAbort;
+    if (eager) h.flags |= kFlagEager;
     if (set_.crc && c.len > 0) {
       h.flags |= kFlagPayloadCrc;
       h.payload_crc = crc32c(payload, c.len);
@@ -395,12 +424,18 @@ void ChannelCore::pump(int64_t now) {
 void ChannelCore::on_ack(uint64_t first, uint64_t last, int64_t now) {
   for (auto it = ch.window.lower_bound(first); it != ch.window.end() && it->first < last;) {
     Chunk& c = it->second;
+    const bool eager = c.req->eager;
     if (c.rail >= 0) {
       Rail& carrier = *ch.rails[static_cast<size_t>(c.rail)];
+      // A re-sent copy still queued or half-written on its rail (the first copy arrived and
+      // was acknowledged meanwhile): it must not read the send's buffer once the send is done.
+      if (carrier.cur.active && carrier.cur.is_data && carrier.cur.seq == it->first) own_payload(carrier);
       carrier.inflight -= std::min<uint64_t>(carrier.inflight, c.len);
+      if (eager) carrier.eager_inflight -= std::min<uint64_t>(carrier.eager_inflight, c.len);
       carrier.acked_bytes += c.len;
-      if (c.len > 0) carrier.pace.on_ack(now, c.len, c.resend ? 0 : c.dealt_ns, carrier.inflight);
-      if (carrier.inflight == 0 && carrier.busy_since_ns) {
+      const uint64_t rated = carrier.inflight - std::min(carrier.inflight, carrier.eager_inflight);
+      if (c.len > 0 && !eager) carrier.pace.on_ack(now, c.len, c.resend ? 0 : c.dealt_ns, rated);
+      if (rated == 0 && carrier.busy_since_ns) {
         carrier.busy_ns += now - carrier.busy_since_ns;
         carrier.busy_since_ns = 0;
       }
@@ -409,6 +444,10 @@ void ChannelCore::on_ack(uint64_t first, uint64_t last, int64_t now) {
     }
     auto req = c.req;
     it = ch.window.erase(it);
+    if (eager) {
+      if (++req->chunks_acked == req->chunks_cut && req->fully_cut) eager_acked(req);
+      continue;
+    }
     if (req->finished()) continue;
     req->chunks_acked++;
     if (req->fully_cut && req->chunks_acked == req->chunks_cut) {
@@ -447,6 +486,17 @@ bool ChannelCore::on_header(int rail, int64_t now) {
   }
   if (m->discard || m->aborted) return true;
   rx.scratch = false;
+  // Another rail is landing a copy of this very chunk (a retransmit racing its original):
+  // this one lands aside and is placed if it is the first to pass its checks.
+  for (auto& o : ch.rails)
+    if (o.get() != &r && o->rx.in_payload && o->rx.h.type == FrameType::kData && o->rx.h.seq == h.seq &&
+        !o->rx.scratch) {
+      rx.to_side = true;
+      rx.side.clear();
+      rx.grow = &rx.side;
+      rx.dest = nullptr;
+      return true;
+    }
   // A message that began unexpected keeps landing in staging until whole (chunks already
   // there are copied once at completion); one whose receive came first lands in place.
   if (m->staged) {
@@ -473,7 +523,11 @@ void ChannelCore::on_frame(int rail, int64_t now) {
 void ChannelCore::rx_idle(int rail, int64_t now) {
   (void)now;
   Rail& r = *ch.rails[static_cast<size_t>(rail)];
-  if (r.state == RailState::kUp) flush_acks(r);
+  if (r.state != RailState::kUp) return;
+  // Acks of eager chunks only, and few of them: they wait (for more, or for the tick).
+  if (!r.ack_now && ch.orphan_acks.empty() && r.lazy_bytes < set_.lazy_ack_bytes && r.lazy_chunks < kLazyAckChunks)
+    return;
+  flush_acks(r);
 }
 
 // Dedup: this sequence number was applied before (its payload must not land again).
@@ -532,11 +586,25 @@ void ChannelCore::data_frame(Rail& r) {
     r.acks.back().second++;
   else
     r.acks.push_back({h.seq, h.seq + 1});
+  // A duplicate means the sender re-sent it (it lost its rail or its ack): ack at once.
+  if ((h.flags & kFlagEager) && !was_applied) {
+    r.lazy_bytes += h.payload_len;
+    r.lazy_chunks++;
+  } else {
+    r.ack_now = true;
+  }
   if (was_applied) return;
   ch.mark_applied(h.seq);
   r.rx_bytes += h.payload_len;
   r.rx_chunks++;
+  drop_other_copies(h.seq, r.index);
   InMsg* m = open_inmsg(h);
+  if (rx.to_side && !rx.scratch && !m->discard && !m->aborted) {
+    if (m->staged)
+      m->chunks[h.offset] = std::move(rx.side);
+    else if (m->req)
+      std::memcpy(m->req->buf + h.offset, rx.side.data(), h.payload_len);   // inside: decode_header checked
+  }
   if (h.flags & kFlagAbort) m->aborted = true;
   m->received += h.payload_len;
   if (m->aborted && m->req) {
@@ -568,6 +636,7 @@ void ChannelCore::control_frame(Rail& r, int64_t now) {
       return;
     }
     case FrameType::kHeartbeat: {
+      r.ack_now = true;   // the acks that wait go out with the echo (a closing sender asks so)
       std::vector<uint8_t> echo(kHeartbeatBytes);
       store_le64(echo.data(), static_cast<uint64_t>(now));
       std::memcpy(echo.data() + 8, body.data(), 8);
@@ -630,6 +699,16 @@ void ChannelCore::finish_inmsg(uint64_t msg_id) {
   ch.inmsgs.erase(it);
 }
 
+void ChannelCore::drop_other_copies(uint64_t seq, int rail) {
+  for (auto& o : ch.rails)
+    if (o->index != rail && o->rx.in_payload && o->rx.h.type == FrameType::kData && o->rx.h.seq == seq &&
+        !o->rx.scratch) {
+      o->rx.scratch = true;
+      o->rx.grow = nullptr;
+      io_->recv_dropped(o->index);
+    }
+}
+
 // A message is finished or abandoned: copies still arriving on other rails must not touch
 // its buffer any more (the caller may already be reusing it).
 void ChannelCore::redirect_to_scratch(uint64_t msg_id) {
@@ -653,6 +732,9 @@ void ChannelCore::flush_acks(Rail& r) {
     r.acks.insert(r.acks.end(), ch.orphan_acks.begin(), ch.orphan_acks.end());
     ch.orphan_acks.clear();
   }
+  r.lazy_bytes = 0;
+  r.lazy_chunks = 0;
+  r.ack_now = false;
   while (!src.empty()) {
     size_t n = std::min(src.size(), kMaxAckRanges);
     std::vector<uint8_t> body(n * kAckRangeBytes);
@@ -678,13 +760,31 @@ void ChannelCore::submit(const std::shared_ptr<Request>& req, int64_t now) {
     req->finish_error(ch.dead_cause, ch.dead_msg);
     return;
   }
+  if (!ch.undelivered.empty()) {
+    // An earlier eager send completed, then could not be delivered: this request says so.
+    req->finish_error(Cause::kAllRailsDown, ch.undelivered);
+    ch.undelivered.clear();
+    return;
+  }
   req->posted_ns = now;
   if (req->kind == Request::kSend) {
     req->msg_id = ch.next_msg_id++;
     req->tag_seq = ch.tx_tag_seq[req->tag]++;
+    // Eager: the bytes are copied now and the send finishes at once; the copy is what goes
+    // out (and again over another rail if one fails) until the peer acknowledges it.
+    const bool eager = set_.eager_bytes > 0 && req->len <= set_.eager_bytes &&
+                       ch.eager_held + req->len <= set_.eager_held_bytes;
+    if (eager) {
+      req->eager = true;
+      req->copy.assign(req->buf, req->buf + req->len);
+      ch.eager_held += req->len;
+      ch.eager_sends.push_back(req);
+    } else {
+      ch.sends.push_back(req);
+    }
     ch.sendq.push_back(req);
-    ch.sends.push_back(req);
     pump(now);
+    if (eager) req->finish_ok();
   } else {
     post_recv(req);
   }
@@ -731,43 +831,58 @@ void ChannelCore::cancel(const std::shared_ptr<Request>& req, Cause cause, const
         m.chunks.clear();
       }
   } else {
-    // Frames being written keep their bytes (copied); unsent chunks become cancel marks
-    // so the receiver learns the message is abandoned and sequence numbers stay dense.
-    for (auto& r : ch.rails)
-      if (r->cur.active && r->cur.is_data) {
-        auto w = ch.window.find(r->cur.seq);
-        if (w != ch.window.end() && w->second.req == req) {
-          r->cur.owned.assign(r->cur.payload, r->cur.payload + r->cur.payload_len);
-          r->cur.payload = r->cur.owned.data();
-          io_->payload_moved(r->index);
-        }
-      }
-    auto to_void = [](Chunk& c) {
-      c.void_ = true;
-      c.len = 0;
-      c.offset = 0;
-    };
-    for (auto& c : ch.retx)
-      if (c.req == req) to_void(c);
-    for (auto& [s, c] : ch.window)
-      if (c.req == req && !(c.rail >= 0 && ch.rails[static_cast<size_t>(c.rail)]->cur.active &&
-                            ch.rails[static_cast<size_t>(c.rail)]->cur.seq == s)) {
-        // Already written: the receiver may have it; if the rail fails it is resent empty.
-        c.void_ = true;
-      }
-    if (!req->fully_cut) {
-      Chunk c;
-      c.seq = ch.next_seq++;
-      c.req = req;
-      c.void_ = true;
-      ch.retx.push_back(c);
-      req->fully_cut = true;
-      ch.sendq.erase(std::remove(ch.sendq.begin(), ch.sendq.end(), req), ch.sendq.end());
-    }
-    ch.sends.erase(std::remove(ch.sends.begin(), ch.sends.end(), req), ch.sends.end());
+    abandon_send(req);
   }
   req->finish_error(cause, why);
   pump(now);
+}
+
+void ChannelCore::abandon_send(const std::shared_ptr<Request>& req) {
+  // Frames being written keep their bytes (copied: the caller gets its buffer back; an
+  // eager send's copy stays until acknowledged); unsent chunks become abort marks.
+  if (!req->eager)
+    for (auto& r : ch.rails)
+      if (r->cur.active && r->cur.is_data) {
+        auto w = ch.window.find(r->cur.seq);
+        if (w != ch.window.end() && w->second.req == req) own_payload(*r);
+      }
+  auto to_void = [](Chunk& c) {
+    c.void_ = true;
+    c.len = 0;
+    c.offset = 0;
+  };
+  for (auto& c : ch.retx)
+    if (c.req == req) to_void(c);
+  for (auto& [s, c] : ch.window)
+    if (c.req == req && !(c.rail >= 0 && ch.rails[static_cast<size_t>(c.rail)]->cur.active &&
+                          ch.rails[static_cast<size_t>(c.rail)]->cur.seq == s)) {
+      // Already written: the receiver may have it; if the rail fails it is resent empty.
+      c.void_ = true;
+    }
+  if (!req->fully_cut) {
+    Chunk c;
+    c.seq = ch.next_seq++;
+    c.req = req;
+    c.void_ = true;
+    ch.retx.push_back(c);
+    req->fully_cut = true;
+    req->chunks_cut++;
+    ch.sendq.erase(std::remove(ch.sendq.begin(), ch.sendq.end(), req), ch.sendq.end());
+  }
+  ch.sends.erase(std::remove(ch.sends.begin(), ch.sends.end(), req), ch.sends.end());
+}
+
+void ChannelCore::own_payload(Rail& r) {
+  if (r.cur.payload_len == 0 || r.cur.payload == r.cur.owned.data()) return;
+  r.cur.owned.assign(r.cur.payload, r.cur.payload + r.cur.payload_len);
+  r.cur.payload = r.cur.owned.data();
+  io_->payload_moved(r.index);
+}
+
+void ChannelCore::eager_acked(const std::shared_ptr<Request>& req) {
+  ch.eager_held -= std::min(ch.eager_held, req->len);
+  std::vector<uint8_t>().swap(req->copy);
+  ch.eager_sends.erase(std::remove(ch.eager_sends.begin(), ch.eager_sends.end(), req), ch.eager_sends.end());
 }
 
 void ChannelCore::kill(Cause cause, const std::string& why) {
@@ -775,6 +890,9 @@ void ChannelCore::kill(Cause cause, const std::string& why) {
   ch.dead = true;
   ch.dead_cause = cause;
   ch.dead_msg = why;
+  if (!ch.eager_sends.empty())
+    ch.dead_msg += " (" + std::to_string(ch.eager_sends.size()) +
+                   " eager send(s) that had completed (R2CCL_EAGER_BYTES) were not all acknowledged)";
   R2_LOG(cause == Cause::kClosed || ch.bye_received ? LogLevel::kInfo : LogLevel::kWarn, "channel to %s is dead: %s",
          peer_name_.c_str(), why.c_str());
   for (auto& r : ch.rails) {
@@ -790,6 +908,9 @@ void ChannelCore::kill(Cause cause, const std::string& why) {
   for (auto& [id, m] : ch.inmsgs)
     if (m.req) m.req->finish_error(cause, why);
   ch.sends.clear();
+  for (auto& req : ch.eager_sends) std::vector<uint8_t>().swap(req->copy);
+  ch.eager_sends.clear();
+  ch.eager_held = 0;
   ch.sendq.clear();
   ch.retx.clear();
   ch.window.clear();
@@ -837,6 +958,8 @@ void ChannelCore::tick(int64_t now, const std::vector<int64_t>& nic_drain_ns) {
       io_->kick(r.index);
     }
     if (ch.dead) return;
+    // Acks of eager chunks wait at most until here.
+    if (r.state == RailState::kUp && !r.paused && !r.acks.empty()) flush_acks(r);
   }
   // The cumulative point may have reached the peer only on a rail that just died: send it
   // on every live rail that has not carried it yet.
@@ -884,6 +1007,24 @@ void ChannelCore::expire(int64_t now) {
     }
   };
   for (auto& req : ch.sends) one(req);
+  // An eager send finished long ago: it is abandoned (the receiver is told when a rail comes
+  // back), and the next request on this channel fails saying so.
+  size_t lost = 0;
+  std::string first;
+  for (auto& req : std::vector<std::shared_ptr<Request>>(ch.eager_sends)) {
+    if (req->undeliverable || now - std::max(req->posted_ns, ch.all_down_since) <= set_.timeout_ns) continue;
+    req->undeliverable = true;
+    abandon_send(req);
+    if (lost++ == 0)
+      first = std::to_string(req->len) + " bytes, tag " + std::to_string(req->tag);
+  }
+  if (lost > 0) {
+    if (!ch.undelivered.empty()) ch.undelivered += "; ";
+    ch.undelivered += std::to_string(lost) + " eager send(s) to " + peer_name_ + " (first: " + first +
+                      ") completed when copied (R2CCL_EAGER_BYTES) but were never delivered: every rail has been "
+                      "down for " + std::to_string(down_ms) + " ms (R2CCL_TIMEOUT=" +
+                      std::to_string(static_cast<double>(set_.timeout_ns) / 1e9) + " s)";
+  }
   for (auto& [k, req] : ch.posted) one(req);
   for (auto& [id, m] : ch.inmsgs)
     if (m.req) one(m.req);

@@ -78,7 +78,21 @@ struct RxFrame {
   std::vector<uint8_t>* grow = nullptr;   // staging that grows as the payload arrives (unexpected message)
   size_t got = 0;
   std::vector<uint8_t> ctrl;       // payload of control frames
-  void reset() { hdr_got = 0; in_payload = false; dest = nullptr; scratch = false; grow = nullptr; got = 0; }
+  // A copy of a chunk that another rail is landing at the same moment (a retransmit racing
+  // its original) lands here instead, through `grow`, and is placed only once it has passed
+  // its checks: one bad copy must not overwrite where the good one landed.
+  std::vector<uint8_t> side;
+  bool to_side = false;
+  void reset() {
+    hdr_got = 0;
+    in_payload = false;
+    dest = nullptr;
+    scratch = false;
+    grow = nullptr;
+    got = 0;
+    to_side = false;
+    side.clear();
+  }
 };
 
 // One rail as the channel sees it: its state, queues, window and counters.
@@ -94,12 +108,19 @@ struct Rail {
   TxFrame cur;
   std::deque<TxFrame> ctrl;
   uint64_t inflight = 0;           // bytes dealt to this rail and not yet acknowledged
+  uint64_t eager_inflight = 0;     // of which eager sends' (lazily acked: they measure no rate)
   RailPace pace;                   // its window, chunk size and drain allowance
   // Time with bytes in flight: acked bytes over busy time is what the rail delivers when it
   // has work (the health monitor's bandwidth estimate), whatever the demand.
   int64_t busy_ns = 0, busy_since_ns = 0;
   RxFrame rx;
   std::vector<std::pair<uint64_t, uint64_t>> acks;   // seq ranges to acknowledge
+  // What `acks` covers of eager chunks (their sender does not wait for the ack): those acks
+  // go out in a batch (ChannelSettings::lazy_ack_bytes / kLazyAckChunks) or at the next
+  // tick. Any other chunk (ack_now) is acknowledged as soon as the rail has been read.
+  uint64_t lazy_bytes = 0;
+  int lazy_chunks = 0;
+  bool ack_now = false;
   uint64_t cum_sent = 1;           // the cumulative ack point last sent on this rail
 
   int64_t last_rx_ns = 0, last_tx_ns = 0, last_ack_ns = 0, progress_ns = 0, changed_ns = 0;
@@ -154,6 +175,12 @@ struct Channel {
   std::deque<Chunk> retx;                          // chunks of failed rails, sent first
   std::map<uint64_t, Chunk> window;                // dealt, not yet acknowledged
   std::vector<std::shared_ptr<Request>> sends;     // unfinished sends
+  // Eager sends (finished when copied) until every chunk is acknowledged, and the bytes
+  // their copies hold. `undelivered`: some were abandoned (every rail down past
+  // R2CCL_TIMEOUT); the next request on the channel fails with this, then it is cleared.
+  std::vector<std::shared_ptr<Request>> eager_sends;
+  uint64_t eager_held = 0;
+  std::string undelivered;
   uint64_t next_seq = 1, next_msg_id = 1;
   std::unordered_map<uint64_t, uint32_t> tx_tag_seq;
   double vclock = 0;
@@ -216,6 +243,9 @@ struct ChannelSettings {
   int heartbeat_misses = 3;
   int64_t timeout_ns = 30 * 1000000000LL;
   RailPaceLimits pace;
+  uint64_t eager_bytes = 0;                 // sends up to this size are eager (0: none)
+  uint64_t eager_held_bytes = kEagerHeldBytes;   // most bytes of eager copies awaiting acks
+  uint64_t lazy_ack_bytes = 16 << 10;       // eager bytes whose acks wait at most
   static ChannelSettings from(const Config& cfg);
 };
 
@@ -269,8 +299,11 @@ class ChannelCore {
   void tick(int64_t now, const std::vector<int64_t>& nic_drain_ns);
   // Tells the peer, on an up rail of another NIC, that rail `rail`'s local link went down or up.
   void send_rail_state(int rail, bool up, int64_t now);
-  // Queues a goodbye on every up rail (the endpoint is closing).
+  // Queues a goodbye on every up rail (the endpoint is closing), after every ack owed.
   void goodbye();
+  // Eager sends not yet acknowledged: asks the peer for its acks now (a heartbeat on every
+  // up rail; the peer flushes its acks on one). Returns how many such sends remain.
+  size_t request_acks(int64_t now);
   // Ends the channel: every request fails with `cause`; messages that arrived whole stay
   // deliverable to later receives.
   void kill(Cause cause, const std::string& why);
@@ -293,8 +326,17 @@ class ChannelCore {
   void control_frame(Rail& r, int64_t now);
   void finish_inmsg(uint64_t msg_id);
   void redirect_to_scratch(uint64_t msg_id);
+  // Chunk `seq` was applied from `rail`: copies of it other rails are still reading land nowhere.
+  void drop_other_copies(uint64_t seq, int rail);
   void flush_acks(Rail& r);
   void expire(int64_t now);
+  // A send's chunks not yet acknowledged become abort marks (the receiver learns the message
+  // is abandoned; sequence numbers stay dense). A cancel, or an eager send undeliverable.
+  void abandon_send(const std::shared_ptr<Request>& req);
+  void eager_acked(const std::shared_ptr<Request>& req);
+  // The data frame being written on `r` takes a copy of its payload (cur.owned): the buffer
+  // it pointed into is about to go back to its caller (or be freed).
+  void own_payload(Rail& r);
 
   std::string peer_name_;
   std::vector<std::string> rail_names_;

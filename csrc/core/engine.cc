@@ -413,7 +413,35 @@ void Engine::run() {
   stopped_ = true;
 }
 
+void Engine::drain_eager() {
+  // Eager sends finished when copied, so the caller may close right after one: their bytes
+  // reach the peer first. Bounded: a peer that neither acks nor loses its rails is left.
+  const int64_t until = now_ns() + std::min<int64_t>(static_cast<int64_t>(cfg_.timeout_s * 1e9), kEagerDrainNs);
+  size_t left = 0;
+  for (int round = 0;; round++) {
+    left = 0;
+    try {
+      call([this, &left, round] {
+        for (auto& [rank, pr] : peers_) {
+          Channel& c = pr->ch();
+          if (c.dead || c.rails_up() == 0 || c.eager_sends.empty()) continue;
+          // Ask for the acks the peer holds back (at the first look, then every 50 ms).
+          left += round % 50 == 0 ? pr->core->request_acks(now_ns()) : c.eager_sends.size();
+        }
+      });
+    } catch (const Error&) {
+      return;   // closed meanwhile, or called from the engine's own work
+    }
+    if (left == 0) return;
+    if (now_ns() > until) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  R2_WARN("closing with %zu eager send(s) not acknowledged by their peer after %lld ms", left,
+          static_cast<long long>(std::min<int64_t>(static_cast<int64_t>(cfg_.timeout_s * 1e9), kEagerDrainNs) / kMs));
+}
+
 void Engine::shutdown() {
+  if (!stop_.load() && t_running != this && std::this_thread::get_id() != thread_.get_id()) drain_eager();
   if (stop_.exchange(true)) {
     if (thread_.joinable()) thread_.join();
     return;

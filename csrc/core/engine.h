@@ -139,9 +139,12 @@ class Engine {
   std::vector<int> peer_list();
   uint64_t staged_bytes();
   std::vector<std::pair<uint64_t, std::vector<uint8_t>>> staged_heads(int peer, size_t n);
+  // Any thread but the engine's: waits (bounded) for eager sends to be acknowledged, then
+  // says goodbye to every peer and stops the engine thread.
   void shutdown();
 
  private:
+  void drain_eager();
   friend struct Peer;
   // The caller's path. Whichever thread holds run_mu_ runs the engine's work: the engine
   // thread between its polls (it never holds it while asleep in epoll_wait), or a caller

@@ -19,6 +19,7 @@ namespace r2ccl {
 namespace detail {
 constexpr int64_t kMs = 1000000;
 constexpr size_t kMaxPendings = 64;
+constexpr int64_t kEagerDrainNs = 5000 * kMs;   // most a close waits for eager sends to be acked (or R2CCL_TIMEOUT)
 constexpr char kAcceptorLabel[] = "r2ccl-v1-acceptor";
 constexpr char kConnectorLabel[] = "r2ccl-v1-connector";
 

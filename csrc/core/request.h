@@ -52,6 +52,13 @@ struct Request {
   uint64_t chunks_acked = 0;
   int64_t posted_ns = 0;
   bool cancelled = false;
+  // send, eager (R2CCL_EAGER_BYTES): finished when copied; its chunks are read from `copy`,
+  // which lives until every chunk is acknowledged. `undeliverable`: every rail stayed down
+  // past R2CCL_TIMEOUT, so the message is abandoned (its chunks go as abort marks).
+  bool eager = false;
+  bool undeliverable = false;
+  std::vector<uint8_t> copy;
+  const uint8_t* payload() const { return eager ? copy.data() : buf; }
 
  private:
   std::mutex mu_;

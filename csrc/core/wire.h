@@ -29,7 +29,8 @@ enum class FrameType : uint8_t {
 };
 constexpr uint8_t kFlagPayloadCrc = 1;
 constexpr uint8_t kFlagAbort = 2;   // data, empty: the sender abandoned this message (send cancelled)
-constexpr uint8_t kKnownFlags = kFlagPayloadCrc | kFlagAbort;
+constexpr uint8_t kFlagEager = 4;   // data: an eager send (complete at the sender): its ack may wait
+constexpr uint8_t kKnownFlags = kFlagPayloadCrc | kFlagAbort | kFlagEager;
 
 struct FrameHeader {
   FrameType type = FrameType::kData;

@@ -166,6 +166,7 @@ NB_MODULE(_core, m) {
   config_field(config_cls, config_defaults, "adaptive_weights", &Config::adaptive_weights);
   config_field(config_cls, config_defaults, "link_holddown_ms", &Config::link_holddown_ms);
   config_field(config_cls, config_defaults, "plan", &Config::plan);
+  config_field(config_cls, config_defaults, "eager_bytes", &Config::eager_bytes);
   config_field(config_cls, config_defaults, "poll_us", &Config::poll_us);
   config_field(config_cls, config_defaults, "sync_wait_us", &Config::sync_wait_us);
   config_field(config_cls, config_defaults, "staging_bytes", &Config::staging_bytes);
@@ -199,6 +200,8 @@ NB_MODULE(_core, m) {
         d["min_chunk_bytes"] = kChunkBytesMin;
         d["max_chunk_bytes"] = kChunkBytesMax;
         d["caller_path_bytes"] = kCallerPathMaxBytes;
+        d["eager_bytes_max"] = kEagerBytesMax;
+        d["eager_held_bytes"] = kEagerHeldBytes;
         return d;
       },
       "Sizes that settings and their docs refer to.");

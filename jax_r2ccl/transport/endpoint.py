@@ -89,6 +89,8 @@ class Endpoint:
                             -1.0 if degraded_after is None else float(degraded_after))
 
     def isend(self, peer: int, array: np.ndarray, tag: int = 0) -> Request:
+        """Sends `array` to `peer`. Completes when the peer acknowledged every byte, or, for a
+        send up to R2CCL_EAGER_BYTES, as soon as its bytes are copied (see the README)."""
         buf = _as_buffer(array, writable=False)
         return Request(self._ep.isend(int(peer), buf, int(tag), array), array)
 

@@ -75,6 +75,7 @@ struct Msg {
   uint32_t k = 0;
   uint64_t len = 0, recv_len = 0;
   std::vector<uint8_t> src, dst;
+  std::vector<uint8_t> want;   // what was sent (src is reused by its caller once a send finished)
   std::shared_ptr<Request> send, recv;
   int send_finishes = 0, recv_finishes = 0;
   bool send_cancelled = false, recv_cancelled = false;
@@ -109,6 +110,13 @@ class Sim {
     set_.pace.min_window = 128;
     set_.pace.max_window = 1024 << rng_.below(3);
     set_.pace.target_ns = 10 * kMs;
+    // Eager sends in half the schedules: none, some (up to a size) or all of them, with a cap
+    // on the copies held that is sometimes reached; their acks wait (lazy) up to half the
+    // smallest window.
+    const uint64_t eager_pick = rng_.below(4);
+    set_.eager_bytes = eager_pick < 2 ? 0 : eager_pick == 2 ? 64 << rng_.below(5) : 1 << 20;
+    set_.eager_held_bytes = 512 << rng_.below(6);
+    set_.lazy_ack_bytes = 64;
     limits_.max_chunk_bytes = kChunkBytesMax;
     limits_.max_message_bytes = 1 << 20;
     std::vector<std::pair<int, int>> pairs;
@@ -321,6 +329,7 @@ class Sim {
     m.recv_len = (m.len > 0 && rng_.chance(0.02)) ? m.len + 1 : m.len;
     m.src.resize(m.len);
     for (auto& b : m.src) b = static_cast<uint8_t>(rng_.next());
+    m.want = m.src;
     return msgs_.emplace(key, std::move(m)).first->second;
   }
 
@@ -329,6 +338,12 @@ class Sim {
     Msg* mp = &m;
     m.send->on_finish = [mp] { mp->send_finishes++; };
     core_[m.dir]->submit(m.send, now_);
+    // An eager send is finished when submit returns, and (on a live channel) succeeded.
+    if (m.send->eager && !(m.send->finished() && !m.send->failed()))
+      fail(describe(m) + ": an eager send did not succeed at submit");
+    if (m.send->eager) eager_sends_++;
+    // The caller owns its buffer again: what goes out must be the copy.
+    if (m.send->finished()) std::fill(m.src.begin(), m.src.end(), static_cast<uint8_t>(0x5a));
   }
 
   void post_recv(Msg& m) {
@@ -516,7 +531,7 @@ class Sim {
       if (m.send_cancelled || m.send->failed()) exact_count[m.dir] = false;
       const bool send_ok = !m.send->failed();
       const bool recv_ok = m.recv && !m.recv->failed();
-      if (recv_ok && (m.recv_len != m.len || m.dst != m.src)) fail(who + ": the receive succeeded with wrong bytes");
+      if (recv_ok && (m.recv_len != m.len || m.dst != m.want)) fail(who + ": the receive succeeded with wrong bytes");
       if (m.send->failed() && !m.send_cancelled && m.send->error_cause() != Cause::kAllRailsDown)
         fail(who + ": the send failed: " + m.send->error_message());
       if (m.send->failed() && m.send->error_cause() == Cause::kAllRailsDown && !dead_for_good_)
@@ -539,6 +554,9 @@ class Sim {
       if (!dead_for_good_) {
         if (!ch.window.empty() || !ch.sendq.empty() || !ch.sends.empty())
           fail("side " + std::to_string(s) + " still holds unacknowledged sends at the end");
+        if (!ch.eager_sends.empty() || ch.eager_held != 0)
+          fail("side " + std::to_string(s) + " still holds " + std::to_string(ch.eager_held) + " bytes of " +
+               std::to_string(ch.eager_sends.size()) + " eager sends at the end");
         for (auto& rl : ch.rails)
           if (rl->inflight != 0) fail("side " + std::to_string(s) + " rail " + std::to_string(rl->index) +
                                       " still counts bytes in flight");
@@ -567,6 +585,11 @@ class Sim {
   bool in_kick_[2][kRailsMax] = {};
   int redials_[2] = {0, 0};
   int corruptions_ = 0, dups_ = 0;
+
+ public:
+  uint64_t eager_sends_ = 0;
+
+ private:
 
  public:
   uint64_t heal_steps_ = 0;
@@ -603,12 +626,13 @@ int main(int argc, char** argv) {
   log_set_level(verbose ? static_cast<int>(LogLevel::kInfo) : -1);
   uint64_t total_heal = 0, max_heal = 0;
   int64_t max_heal_ns = 0;
-  uint64_t caught = 0, first = 0;
+  uint64_t caught = 0, first = 0, eager = 0;
   for (uint64_t i = 0; i < schedules; i++) {
     const uint64_t seed = seed0 + i;
     Sim sim(seed, verbose);
     std::string err = sim.run();
     total_heal += sim.heal_steps_;
+    eager += sim.eager_sends_;
     max_heal = std::max<uint64_t>(max_heal, sim.heal_steps_);
     max_heal_ns = std::max<int64_t>(max_heal_ns, sim.heal_ns());
     if (err.empty()) continue;
@@ -634,9 +658,10 @@ int main(int argc, char** argv) {
                 static_cast<unsigned long long>(first));
     return 0;
   }
-  std::printf("%llu schedules from seed %llu: all checks passed (after the faults healed: %.0f events on average, "
-              "at most %llu events and %lld ms simulated)\n",
+  std::printf("%llu schedules from seed %llu: all checks passed (%llu eager sends; after the faults healed: %.0f "
+              "events on average, at most %llu events and %lld ms simulated)\n",
               static_cast<unsigned long long>(schedules), static_cast<unsigned long long>(seed0),
+              static_cast<unsigned long long>(eager),
               static_cast<double>(total_heal) / static_cast<double>(std::max<uint64_t>(1, schedules)),
               static_cast<unsigned long long>(max_heal), static_cast<long long>(max_heal_ns / kMs));
   return 0;

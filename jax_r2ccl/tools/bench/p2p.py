@@ -8,6 +8,7 @@ import argparse
 import dataclasses
 import errno
 import os
+import select
 import socket
 import sys
 import time
@@ -32,6 +33,10 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--thread-baseline", action="store_true",
                    help="also run r2ccl-thread: the same rails with R2CCL_POLL_US=0, so every request "
                         "goes through the progress thread (no caller's path)")
+    p.add_argument("--poll-baseline", action="store_true",
+                   help="also run mptcp-poll: the MPTCP baseline with every receive busy-polling its "
+                        "socket for up to R2CCL_POLL_US before it blocks, as r2ccl's caller's path does "
+                        "(the same CPU spent waiting, so the two compare like for like)")
     p.add_argument("--mptcp-port", type=int, default=0, metavar="P",
                    help="MPTCP server port on the receiver (pair k uses P+k); 0: any free port")
     p.add_argument("--fault-at", type=float, default=None, metavar="SECONDS",
@@ -256,9 +261,9 @@ class Runner:
 
     # ---- MPTCP baseline
 
-    def run_mptcp(self) -> None:
+    def run_mptcp(self, impl: str = "mptcp", poll_us: int = 0) -> None:
         a = self.args
-        key = f"{a.prefix}/mptcp/{self.pair}"
+        key = f"{a.prefix}/{impl}/{self.pair}"
         port = (a.mptcp_port + self.pair) if a.mptcp_port else 0
         sock = conn = None
         info_rails = None
@@ -301,27 +306,50 @@ class Runner:
                 conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             except OSError:
                 pass
+            if poll_us > 0:
+                conn.setblocking(False)
+
+            def recv_some(mv) -> int:
+                if poll_us <= 0:
+                    return conn.recv_into(mv)
+                # Spin on the socket for up to poll_us, then sleep in select (up to the timeout).
+                until = time.perf_counter() + poll_us * 1e-6
+                while True:
+                    try:
+                        return conn.recv_into(mv)
+                    except BlockingIOError:
+                        pass
+                    if time.perf_counter() > until:
+                        if not select.select([conn], [], [], a.timeout)[0]:
+                            raise TimeoutError(f"{impl}: no data within {a.timeout} s")
+                        until = time.perf_counter() + poll_us * 1e-6
 
             def send(data):
-                conn.sendall(memoryview(data))
+                mv = memoryview(data).cast("B")
+                while mv:
+                    try:
+                        mv = mv[conn.send(mv):]
+                    except BlockingIOError:
+                        select.select([], [conn], [], a.timeout)
 
             def expect_byte(b: bytes):
-                if conn.recv(1) != b:
+                one = bytearray(1)
+                if recv_some(memoryview(one)) != 1 or bytes(one) != b:
                     raise ConnectionError("MPTCP peer closed the connection")
 
             def sender_sync():
-                conn.sendall(b"S")
+                send(b"S")
                 expect_byte(b"R")
 
             def receiver_sync():
                 expect_byte(b"S")
 
             def recv(data):
-                conn.sendall(b"R")
-                mv = memoryview(data)
+                send(b"R")
+                mv = memoryview(data).cast("B")
                 got, n = 0, len(data)
                 while got < n:
-                    k = conn.recv_into(mv[got:], n - got)
+                    k = recv_some(mv[got:])
                     if k == 0:
                         raise ConnectionError(f"MPTCP peer closed the connection after {got} of {n} bytes")
                     got += k
@@ -329,27 +357,27 @@ class Runner:
             def rails():
                 return mptcp_subflows(conn)
 
-            self.run_impl("mptcp", send, recv, sender_sync, receiver_sync, rails, arm_fault=False)
-            self.rail_stats["mptcp"] = {"subflows": mptcp_subflows(conn), "info": mptcp_info(conn)}
+            self.run_impl(impl, send, recv, sender_sync, receiver_sync, rails, arm_fault=False)
+            self.rail_stats[impl] = {"subflows": mptcp_subflows(conn), "info": mptcp_info(conn)}
         except _Unavailable as e:
-            self._mptcp_unavailable(str(e))
+            self._mptcp_unavailable(str(e), impl)
         except OSError as e:
-            if self.role == "recv" and not any(r["impl"] == "mptcp" for r in self.results):
-                self._mptcp_unavailable(f"MPTCP connection failed: {_oserr(e)}")
+            if self.role == "recv" and not any(r["impl"] == impl for r in self.results):
+                self._mptcp_unavailable(f"MPTCP connection failed: {_oserr(e)}", impl)
             else:
-                self.errors.append(f"mptcp: {_oserr(e)}")
+                self.errors.append(f"{impl}: {_oserr(e)}")
         finally:
             for s in (conn, sock):
                 if s is not None:
                     s.close()
-            self.dist.barrier(f"{a.prefix}/mptcp/done")
+            self.dist.barrier(f"{a.prefix}/{impl}/done")
 
-    def _mptcp_unavailable(self, why: str) -> None:
-        self.notes.append(f"mptcp unavailable: {why}")
+    def _mptcp_unavailable(self, why: str, impl: str = "mptcp") -> None:
+        self.notes.append(f"{impl} unavailable: {why}")
         if self.role == "recv":
-            self.results.append({"impl": "mptcp", "op": "p2p", "size_bytes": None, "iters": 0, "rails": None,
+            self.results.append({"impl": impl, "op": "p2p", "size_bytes": None, "iters": 0, "rails": None,
                                  "time_us_median": None, "algbw_GBps": None, "wrong": 0, "pair": self.pair,
-                                 "available": False, "note": f"mptcp unavailable: {why}"})
+                                 "available": False, "note": f"{impl} unavailable: {why}"})
 
 
 class _Unavailable(Exception):
@@ -436,6 +464,8 @@ def main(args: argparse.Namespace) -> int:
         if not args.no_baselines:
             run.run_r2ccl("r2ccl-1rail", nics[:1], arm_fault=False)
             run.run_mptcp()
+            if args.poll_baseline:
+                run.run_mptcp("mptcp-poll", poll_us=cfg.poll_us)
     except Exception as e:  # noqa: BLE001 - a lost peer or coordinator: report what we have
         aborted = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
         run.errors.append(f"aborted: {aborted}")
