@@ -310,6 +310,21 @@ def idle_cpu(ep, rank, world, seconds=2.0):
     return {"cpu_s": time.process_time() - t0, "wall_s": seconds}
 
 
+def _abandoned_then_ok(ep, peer, nbytes, tag, next_bytes, next_seed, next_tag):
+    """The receiver's side of an abandoned message: its receive's error (or None), then
+    whether the next message on the channel arrives exactly."""
+    out = {}
+    try:
+        ep.recv(peer, np.empty(nbytes, np.uint8), tag=tag, timeout=10)
+        out["recv"] = None
+    except R2cclError as e:
+        out["recv"] = [e.cause, str(e)]
+    buf = np.empty(next_bytes, np.uint8)
+    ep.recv(peer, buf, tag=next_tag, timeout=10)
+    out["after_ok"] = bool(np.array_equal(buf, pattern(next_bytes, next_seed)))
+    return out
+
+
 def cancelled_send(ep, rank, world, nbytes=32 << 20):
     """A send that times out is abandoned cleanly: the receiver is told, the channel goes on."""
     peer = 1 - rank
@@ -326,14 +341,7 @@ def cancelled_send(ep, rank, world, nbytes=32 << 20):
             ep.inject(peer, s["rail"], "heal")
         ep.send(peer, pattern(1 << 20, 5), tag=2)
     else:
-        try:
-            ep.recv(peer, np.empty(nbytes, np.uint8), tag=1, timeout=10)
-            out["recv"] = None
-        except R2cclError as e:
-            out["recv"] = [e.cause, str(e)]
-        buf = np.empty(1 << 20, np.uint8)
-        ep.recv(peer, buf, tag=2)
-        out["after_ok"] = bool(np.array_equal(buf, pattern(1 << 20, 5)))
+        out.update(_abandoned_then_ok(ep, peer, nbytes, 1, 1 << 20, 5, 2))
     barrier(ep, rank, world)
     return out
 
@@ -915,13 +923,6 @@ def eager_undeliverable(ep, rank, world, size=4096, down_s=2.0):
         ep.send(peer, pattern(1 << 16, 3), tag=3, timeout=10)
     else:
         time.sleep(down_s + 1.0)
-        try:
-            ep.recv(peer, np.empty(size, np.uint8), tag=1, timeout=10)
-            out["recv"] = None
-        except R2cclError as e:
-            out["recv"] = [e.cause, str(e)]
-        buf = np.empty(1 << 16, np.uint8)
-        ep.recv(peer, buf, tag=3, timeout=10)
-        out["after_ok"] = bool(np.array_equal(buf, pattern(1 << 16, 3)))
+        out.update(_abandoned_then_ok(ep, peer, size, 1, 1 << 16, 3, 3))
     barrier(ep, rank, world)
     return out
