@@ -645,10 +645,14 @@ void ChannelCore::control_frame(Rail& r, int64_t now) {
       return;
     }
     case FrameType::kHeartbeatAck: {
-      // Liveness is last_rx_ns; the round trip is a sample for the health monitor. The echoed
-      // clock is our own, so only a value in the past is believed.
+      // Liveness is last_rx_ns; the round trip is a sample for the health monitor and for
+      // the window's smallest round trip (RailPace::on_rtt). The echoed clock is our own, so
+      // only a value in the past is believed.
       int64_t sent = static_cast<int64_t>(load_le64(body.data() + 8));
-      if (sent > 0 && sent <= now && now - sent < 60 * 1000 * kMs) r.rtt_ns = now - sent;
+      if (sent > 0 && sent <= now && now - sent < 60 * 1000 * kMs) {
+        r.rtt_ns = now - sent;
+        r.pace.on_rtt(r.rtt_ns);
+      }
       return;
     }
     case FrameType::kRailState: {

@@ -46,6 +46,10 @@ void RailPace::on_ack(int64_t now, uint64_t bytes, int64_t dealt_ns, uint64_t in
   if (inflight_after == 0) idle_since_ = now;
 }
 
+void RailPace::on_rtt(int64_t rtt_ns) {
+  if (rtt_ns > 0 && (min_rtt_ns_ == 0 || rtt_ns < min_rtt_ns_)) min_rtt_ns_ = rtt_ns;
+}
+
 void RailPace::on_idle() {
   sample_start_ = 0;
   idle_since_ = 0;

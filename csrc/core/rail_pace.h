@@ -41,6 +41,11 @@ class RailPace {
   // A chunk of `bytes` dealt at `dealt_ns` (0: a resend, no round-trip sample) was
   // acknowledged at `now`; `inflight_after` is what the rail still holds.
   void on_ack(int64_t now, uint64_t bytes, int64_t dealt_ns, uint64_t inflight_after);
+  // A round trip of this rail measured outside the data (a heartbeat's echo): a sample
+  // for the smallest round trip only. Data chunks on a busy rail all wait behind each
+  // other, so without it the smallest round trip can stay at a standing queue's delay for
+  // long and the window would hold that queue on top of the target.
+  void on_rtt(int64_t rtt_ns);
   // The rail failed: its in-flight bytes left it. The estimates are kept (the same NIC
   // pair comes back at about the same rate).
   void on_idle();

@@ -23,7 +23,8 @@
 // receive both succeed and the receive holds the sent bytes bit for bit (or they fail with
 // the documented cause: kMismatch for a size mismatch, kTimeout "abandoned" when the send
 // was cancelled, kAllRailsDown when every rail died); the receiver applied each byte
-// exactly once (its rx_bytes equal what was sent); nothing is left in flight at the end.
+// exactly once (its rx_bytes equal what was sent); nothing is left in flight at the end; a
+// rail whose heartbeat came back counts that round trip as its smallest or larger.
 //
 // Usage: test_channel_sim [--schedules N] [--seed S] [--expect-failure] [--verbose]
 //   A failure prints its seed; `--seed S --schedules 1 --verbose` replays it alone.
@@ -561,6 +562,13 @@ class Sim {
           if (rl->inflight != 0) fail("side " + std::to_string(s) + " rail " + std::to_string(rl->index) +
                                       " still counts bytes in flight");
       }
+      // A heartbeat's echo is a round trip of the rail: the window's smallest round trip
+      // counts it (data chunks alone may never see an empty queue).
+      for (auto& rl : ch.rails)
+        if (rl->rtt_ns > 0 && (rl->pace.min_rtt_ns() <= 0 || rl->pace.min_rtt_ns() > rl->rtt_ns))
+          fail("side " + std::to_string(s) + " rail " + std::to_string(rl->index) + ": smallest round trip " +
+               std::to_string(rl->pace.min_rtt_ns()) + " ns, but a heartbeat came back in " +
+               std::to_string(rl->rtt_ns) + " ns");
       // Exactly once: what the receiver applied is what was sent, byte for byte in count.
       uint64_t applied = 0;
       for (auto& rl : core_[1 - s]->ch.rails) applied += rl->rx_bytes;

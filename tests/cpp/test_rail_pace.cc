@@ -3,7 +3,9 @@
 // room, share_window every 25 ms). Checks that the window finds R x (target + RTT) from
 // its small start on slow and fast links, that the link then runs at its rate, that rails
 // sharing a NIC get equal windows, that an application-limited rail does not learn a low
-// rate from its idle tails, and that the drain allowance bounds black-hole detection.
+// rate from its idle tails, that a heartbeat's round trip (on_rtt) replaces a smallest round
+// trip that data chunks only ever saw behind a queue, and that the drain allowance bounds
+// black-hole detection.
 // Standalone: exits non-zero and names each failing check.
 #include "core/rail_pace.h"
 
@@ -146,6 +148,31 @@ void app_limited_tails_do_not_lower_the_rate() {
                                                    std::to_string(r.window));
 }
 
+void learns_the_base_round_trip_from_outside_samples() {
+  RailPaceLimits lim;
+  lim.max_window = 64u << 20;
+  RailPace p(lim);
+  // Every data chunk met a standing queue (6 ms) on a 12.5 MB/s link whose base round trip
+  // is 80 us: data alone would take 6 ms for the round trip and size the window for it.
+  int64_t now = 0;
+  p.on_deal(now, true);
+  for (int i = 1; i <= 40; i++) {
+    now += 2 * kMs;
+    p.on_ack(now + 6 * kMs, 25000, now, 1);
+  }
+  check(p.min_rtt_ns() == 6 * kMs, "data chunks give the smallest round trip they saw");
+  p.on_rtt(80000);   // a heartbeat's echo on the same rail
+  check(p.min_rtt_ns() == 80000, "a heartbeat's round trip lowers it: " + std::to_string(p.min_rtt_ns()));
+  p.on_rtt(3 * kMs);
+  p.on_rtt(0);
+  p.on_rtt(-5);
+  check(p.min_rtt_ns() == 80000, "a larger, zero or negative sample does not change it");
+  p.share_window(12.5e6, 3);
+  const double want = 12.5e6 * static_cast<double>(lim.target_ns + 80000) * 1e-9 / 3;
+  check(std::fabs(static_cast<double>(p.window()) - want) < 1024,
+        "the window holds the target plus the base round trip, not the queue: " + std::to_string(p.window()));
+}
+
 void drain_bounds_detection() {
   RailPaceLimits lim;
   RailPace p(lim);
@@ -166,6 +193,7 @@ int main() {
   shares_equally();
   a_large_first_rtt_cannot_inflate_the_window();
   app_limited_tails_do_not_lower_the_rate();
+  learns_the_base_round_trip_from_outside_samples();
   drain_bounds_detection();
   if (g_failures) {
     std::fprintf(stderr, "%d check(s) failed\n", g_failures);
