@@ -117,15 +117,19 @@ def main(args: argparse.Namespace) -> int:
         want = _expected(op, count, n, dtype)
         fns = {impl: _build(impl, op, mesh, jax, P) for impl in impls}
         times = {impl: [] for impl in impls}
+        cpu = {impl: 0.0 for impl in impls}   # this process's CPU (user + system, all threads) in timed calls
         wrong = {impl: 0 for impl in impls}
 
         def once(impl, it):
+            c0 = time.process_time()
             t0 = time.perf_counter()
             out = fns[impl](x)
             out.block_until_ready()
             t1 = time.perf_counter()
+            c1 = time.process_time()
             if it < args.warmup:
                 return
+            cpu[impl] += c1 - c0
             bad = 0
             for shard in out.addressable_shards:
                 got = np.asarray(shard.data).reshape(-1)
@@ -164,6 +168,9 @@ def main(args: argparse.Namespace) -> int:
                    "count": total // esize, "type": np.dtype(dtype).name, "redop": "sum" if op in
                    ("allreduce", "reducescatter") else "none", "iters": args.iters,
                    "time_us_median": med * 1e6, "algbw_GBps": algbw, "busbw_GBps": algbw * OPS[op][1](n),
+                   # CPU per GB each process moved: the bytes busbw counts, per timed call
+                   "cpu_s_per_GB": cpu[impl] / (total * OPS[op][1](n) * len(times[impl]) / 1e9)
+                   if times[impl] and OPS[op][1](n) > 0 else None,
                    "wrong": wrong[impl]}
             last = [i for i in iterations if i["impl"] == impl and i["size_bytes"] == total and "plan" in i]
             if last:
@@ -175,6 +182,7 @@ def main(args: argparse.Namespace) -> int:
             rows.append(row)
     # every process's wrong counts matter: sum them
     totals = dist.gather("wrong", [r["wrong"] for r in rows])
+    cpus = dist.gather("cpu", [r["cpu_s_per_GB"] for r in rows])
     mine = 0
     try:
         ep = runtime.current().endpoint
@@ -185,10 +193,13 @@ def main(args: argparse.Namespace) -> int:
     if args.process_id == 0:
         for i, r in enumerate(rows):
             r["wrong"] = sum(t[i] for t in totals)
+            per = [c[i] for c in cpus]
+            r["cpu_s_per_GB_by_process"] = per
+            r["cpu_s_per_GB"] = sum(per) / len(per) if all(v is not None for v in per) else None
         cols = [Column("impl", "impl", align="<"), Column("size", "size"), Column("count", "count"),
                 Column("type", "type"), Column("redop", "redop"), Column("time(us)", "time_us_median", ".1f"),
                 Column("algbw(GB/s)", "algbw_GBps", ".4f"), Column("busbw(GB/s)", "busbw_GBps", ".4f"),
-                Column("#wrong", "wrong")]
+                Column("cpu/GB", "cpu_s_per_GB", ".3f"), Column("#wrong", "wrong")]
         if any("plan" in r for r in rows):
             fmt_shares = lambda s: "/".join(f"{x:.2f}" for x in s)  # noqa: E731
             fmt_caps = lambda s: "/".join(f"{x:.2g}" for x in s)  # noqa: E731
@@ -197,7 +208,8 @@ def main(args: argparse.Namespace) -> int:
             if args.link_rate:
                 cols.append(Column("model(us)", "predicted_us", ".1f"))
         print(f"# bench {op}: {args.num_processes} processes, {n} ranks, NICs {args.nics or 'R2CCL_NICS'}; "
-              f"iters {args.iters}, warmup {args.warmup}; time = median per call on process 0")
+              f"iters {args.iters}, warmup {args.warmup}; time = median per call on process 0; cpu/GB = "
+              f"CPU seconds (user + system, every thread) per GB of busbw bytes, mean over the processes")
         print(format_table(cols, rows))
         if fault:
             print(f"# fault: {fault.summary()}")

@@ -7,9 +7,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import errno
+import json
 import os
+import resource
 import select
+import shutil
 import socket
+import subprocess
 import sys
 import time
 from typing import Any
@@ -37,6 +41,10 @@ def add_args(p: argparse.ArgumentParser) -> None:
                    help="also run mptcp-poll: the MPTCP baseline with every receive busy-polling its "
                         "socket for up to R2CCL_POLL_US before it blocks, as r2ccl's caller's path does "
                         "(the same CPU spent waiting, so the two compare like for like)")
+    p.add_argument("--baseline", action="append", default=[], choices=("iperf3",),
+                   help="iperf3: also run iperf3 over the same NICs, one stream per NIC ('iperf3') and one "
+                        "stream on the first NIC ('iperf3-1'), each iteration SIZE bytes in all, with its "
+                        "own client and server processes (the CPU-bound comparison: unshaped rails)")
     p.add_argument("--mptcp-port", type=int, default=0, metavar="P",
                    help="MPTCP server port on the receiver (pair k uses P+k); 0: any free port")
     p.add_argument("--fault-at", type=float, default=None, metavar="SECONDS",
@@ -98,6 +106,18 @@ def pair_of(rank: int, world: int) -> tuple[str, int, int]:
     return "idle", -1, -1
 
 
+def cpu_seconds(who: int = resource.RUSAGE_SELF) -> tuple[float, float]:
+    """(user, system) CPU seconds of this process, all its threads (or of its waited-for
+    children with RUSAGE_CHILDREN)."""
+    r = resource.getrusage(who)
+    return r.ru_utime, r.ru_stime
+
+
+def per_gb(cpu: list[float] | None, nbytes: int) -> float | None:
+    """CPU seconds (user + system) per GB (1e9 bytes) moved."""
+    return (cpu[0] + cpu[1]) / (nbytes / 1e9) if cpu and nbytes else None
+
+
 class Runner:
     def __init__(self, args, dist: Dist, nics: list[str]):
         self.args, self.dist, self.nics = args, dist, nics
@@ -105,6 +125,7 @@ class Runner:
         self.results: list[dict] = []
         self.iterations: list[dict] = []
         self.send_times: dict[str, float] = {}   # sender: "impl/size/iter" -> us until its send completed
+        self.send_cpu: dict[str, list] = {}      # sender: "impl/size" -> [user s, system s, bytes] while timed
         self.rail_stats: dict[str, Any] = {}
         self.notes: list[str] = []
         self.errors: list[str] = []
@@ -129,6 +150,7 @@ class Runner:
                 buf, expect = pat.buffer(), pat.buffer()
                 data, expect_b = pat.view(buf), pat.view(expect)
             times, wrong, failed = [], 0, None
+            cpu = [0.0, 0.0]    # this process's CPU (all threads) during the timed transfers
             rails_before = rails_fn() if (rails_fn and self.role == "recv") else None
             for it in range(a.warmup + a.iters):
                 timed = it >= a.warmup
@@ -140,23 +162,33 @@ class Runner:
                         sender_sync()
                         if arm_fault and self.fault and timed and size == largest and it == a.warmup:
                             self.fault.arm()
+                        c0 = cpu_seconds()
                         t0 = time.perf_counter()
                         send(data)
                         if timed:
                             self.send_times[f"{impl}/{size}/{it - a.warmup}"] = (time.perf_counter() - t0) * 1e6
+                            c1 = cpu_seconds()
+                            acc = self.send_cpu.setdefault(f"{impl}/{size}", [0.0, 0.0, 0])
+                            acc[0] += c1[0] - c0[0]
+                            acc[1] += c1[1] - c0[1]
+                            acc[2] += size
                     else:
                         pat.fill(expect, msg)
                         np.invert(expect, out=buf)              # poison: every byte differs
                         receiver_sync()
                         before = per_iter_rails() if (per_iter_rails and timed) else None
                         t0u = time.time()
+                        c0 = cpu_seconds()
                         t0 = time.perf_counter()
                         recv(data)
                         t1 = time.perf_counter()
+                        c1 = cpu_seconds()
                         ok = np.array_equal(data, expect_b)
                         if timed:
                             dt = t1 - t0
                             times.append(dt)
+                            cpu[0] += c1[0] - c0[0]
+                            cpu[1] += c1[1] - c0[1]
                             wrong += not ok
                             rec = {"impl": impl, "op": "p2p", "size_bytes": size, "iter": it - a.warmup,
                                    "t_start": t0u, "t_end": t0u + dt, "time_us": dt * 1e6,
@@ -194,6 +226,8 @@ class Runner:
                        "time_us_min": min(times) * 1e6 if times else None,
                        "time_us_max": max(times) * 1e6 if times else None,
                        "algbw_GBps": None if not t else size / t / 1e9,
+                       "cpu_recv": cpu if times else None,
+                       "cpu_recv_s_per_GB": per_gb(cpu, size * len(times)),
                        "wrong": wrong, "pair": self.pair}
                 if failed:
                     row["error"] = failed
@@ -360,10 +394,10 @@ class Runner:
             self.run_impl(impl, send, recv, sender_sync, receiver_sync, rails, arm_fault=False)
             self.rail_stats[impl] = {"subflows": mptcp_subflows(conn), "info": mptcp_info(conn)}
         except _Unavailable as e:
-            self._mptcp_unavailable(str(e), impl)
+            self._unavailable(str(e), impl)
         except OSError as e:
             if self.role == "recv" and not any(r["impl"] == impl for r in self.results):
-                self._mptcp_unavailable(f"MPTCP connection failed: {_oserr(e)}", impl)
+                self._unavailable(f"MPTCP connection failed: {_oserr(e)}", impl)
             else:
                 self.errors.append(f"{impl}: {_oserr(e)}")
         finally:
@@ -372,12 +406,173 @@ class Runner:
                     s.close()
             self.dist.barrier(f"{a.prefix}/{impl}/done")
 
-    def _mptcp_unavailable(self, why: str, impl: str = "mptcp") -> None:
+    def _unavailable(self, why: str, impl: str = "mptcp") -> None:
         self.notes.append(f"{impl} unavailable: {why}")
         if self.role == "recv":
             self.results.append({"impl": impl, "op": "p2p", "size_bytes": None, "iters": 0, "rails": None,
                                  "time_us_median": None, "algbw_GBps": None, "wrong": 0, "pair": self.pair,
                                  "available": False, "note": f"{impl} unavailable: {why}"})
+
+
+    # ---- iperf3 baseline: the kernel's TCP with iperf3's own processes, over the same NICs
+
+    def run_iperf3(self, impl: str, nics: list[str]) -> None:
+        """Per iteration the receiver starts one one-shot iperf3 server per NIC (bound to its
+        address there) and the sender one client per NIC, each sending its share of SIZE from
+        its own address on that NIC. The time is the longest stream's as iperf3 reports it
+        (the longer of its send and its receive; process start-up and the control connection
+        left out: a shorter time than the wall clock would give; iperf3's own timing is coarse
+        below a few MiB, so its rows mean most at the large sizes). CPU is what iperf3 measures
+        of itself over the test (its cpu_utilization_percent x the stream's time, user and
+        system, client and server), start-up left out as well. Bytes are counted, not checked: iperf3 sends its
+        own buffer."""
+        a = self.args
+        key = f"{a.prefix}/{impl}/{self.pair}"
+        exe = shutil.which("iperf3")
+        try:
+            if self.role == "idle":
+                return
+            if exe is None:
+                raise _Unavailable("iperf3 is not on PATH (Debian: apt install iperf3)")
+            for size in a.sizes:
+                shares = [size // len(nics) + (1 if k < size % len(nics) else 0) for k in range(len(nics))]
+                times, wrong, failed = [], 0, None
+                cpu = [0.0, 0.0]
+                for it in range(a.warmup + a.iters):
+                    timed = it >= a.warmup
+                    k = f"{key}/{size}/{it}"
+                    if self.role == "recv":
+                        res = self._iperf3_servers(exe, nics, k)
+                    else:
+                        res = self._iperf3_clients(exe, nics, shares, k)
+                    if self.role == "send":
+                        self.dist.set_json(f"{k}/result", res)
+                        if timed and "error" not in res:
+                            acc = self.send_cpu.setdefault(f"{impl}/{size}", [0.0, 0.0, 0])
+                            acc[0] += res["cpu_send"][0]
+                            acc[1] += res["cpu_send"][1]
+                            acc[2] += size
+                        if "error" in res:
+                            self.errors.append(f"{impl} {format_size(size)} iteration {it}: {res['error']}")
+                        if not self.dist.get_json(f"{k}/verdict")["ok"] or "error" in res:
+                            break
+                        continue
+                    mine, res = res, self.dist.get_json(f"{k}/result")
+                    if "error" in res or "error" in mine or res["bytes"] < size:
+                        failed = (res.get("error") or mine.get("error")
+                                  or f"iperf3 moved {res['bytes']} of {size} bytes")
+                        print(f"bench: rank {self.dist.rank}: {impl} {format_size(size)} iteration {it}: {failed}",
+                              file=sys.stderr, flush=True)
+                        wrong += 1
+                    self.dist.set_json(f"{k}/verdict", {"ok": not failed})
+                    if failed:
+                        break
+                    if timed:
+                        times.append(res["seconds"])
+                        cpu[0] += res["cpu_recv"][0]
+                        cpu[1] += res["cpu_recv"][1]
+                if self.role == "recv":
+                    t = median(times)
+                    row = {"impl": impl, "op": "p2p", "size_bytes": size, "iters": len(times), "rails": len(nics),
+                           "time_us_median": None if t is None else t * 1e6,
+                           "time_us_min": min(times) * 1e6 if times else None,
+                           "time_us_max": max(times) * 1e6 if times else None,
+                           "algbw_GBps": None if not t else size / t / 1e9,
+                           "cpu_recv": cpu if times else None,
+                           "cpu_recv_s_per_GB": per_gb(cpu, size * len(times)),
+                           "wrong": wrong, "pair": self.pair}
+                    if failed:
+                        row["error"] = failed
+                        row["note"] = f"failed: {failed[:120]}"
+                        self.errors.append(f"{impl} {format_size(size)}: {failed}")
+                    self.results.append(row)
+                if failed:
+                    return
+        except _Unavailable as e:
+            self._unavailable(str(e), impl)
+        finally:
+            self.dist.barrier(f"{a.prefix}/{impl}/done")
+
+    def _iperf3_servers(self, exe: str, nics: list[str], key: str) -> dict:
+        procs, addrs = [], []
+        try:
+            for nic in nics:
+                ip = nic_ipv4(nic)
+                with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:   # a free port there
+                    probe.bind((ip, 0))
+                    port = probe.getsockname()[1]
+                procs.append(subprocess.Popen([exe, "-s", "-1", "-B", ip, "-p", str(port)],
+                                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
+                addrs.append([ip, port])
+            self.dist.set_json(key, {"servers": addrs})
+            errs = []
+            deadline = time.monotonic() + self.args.timeout
+            for p in procs:
+                try:
+                    _, err = p.communicate(timeout=max(0.1, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    _, err = p.communicate()
+                    errs.append(f"an iperf3 server ran past {self.args.timeout} s")
+                    continue
+                if p.returncode != 0:
+                    errs.append(f"iperf3 server exit {p.returncode}: {err.strip()[:200]}")
+            return {"error": "; ".join(errs)} if errs else {}
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+
+    def _iperf3_clients(self, exe: str, nics: list[str], shares: list[int], key: str) -> dict:
+        servers = self.dist.get_json(key)["servers"]
+        deadline = time.monotonic() + self.args.timeout
+
+        def start(k: int) -> subprocess.Popen:
+            ip, port = servers[k]
+            return subprocess.Popen([exe, "-c", ip, "-p", str(port), "-B", nic_ipv4(nics[k]), "-n", str(shares[k]),
+                                     "-J"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+        procs = [start(k) for k in range(len(nics))]
+        got, seconds, errs = 0, 0.0, []
+        cpu_send, cpu_recv = [0.0, 0.0], [0.0, 0.0]
+        for k in range(len(nics)):
+            while True:
+                try:
+                    out, err = procs[k].communicate(timeout=max(0.1, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    procs[k].kill()
+                    procs[k].communicate()
+                    errs.append(f"an iperf3 client ran past {self.args.timeout} s")
+                    break
+                try:
+                    doc = json.loads(out)
+                except ValueError:
+                    doc = {"error": (err or out).strip()[:200] or f"exit {procs[k].returncode}"}
+                # The server may not be listening yet: a refused connection is tried again.
+                if "error" in doc and "refused" in str(doc["error"]) and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                    procs[k] = start(k)
+                    continue
+                if "error" in doc:
+                    errs.append(f"iperf3 client to {servers[k][0]}: {doc['error']}")
+                else:
+                    # Bytes: what the client wrote (its receiver's count can miss the last ones);
+                    # time: the longer of its send and its server's receive.
+                    tx, rx = doc["end"]["sum_sent"], doc["end"]["sum_received"]
+                    got += int(tx["bytes"])
+                    seconds = max(seconds, float(tx["seconds"]), float(rx["seconds"]))
+                    util = doc["end"].get("cpu_utilization_percent", {})
+                    for acc, side, span in ((cpu_send, "host", tx["seconds"]), (cpu_recv, "remote", rx["seconds"])):
+                        acc[0] += float(util.get(f"{side}_user", 0.0)) / 100 * float(span)
+                        acc[1] += float(util.get(f"{side}_system", 0.0)) / 100 * float(span)
+                break
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        return ({"error": "; ".join(errs)} if errs else
+                {"bytes": got, "seconds": seconds, "cpu_send": cpu_send, "cpu_recv": cpu_recv})
 
 
 class _Unavailable(Exception):
@@ -419,6 +614,8 @@ COLUMNS = [
     Column("min(us)", "time_us_min", ".1f"),
     Column("max(us)", "time_us_max", ".1f"),
     Column("algbw(GB/s)", "algbw_GBps", ".4f"),
+    Column("cpu/GB snd", "cpu_send_s_per_GB", ".3f"),
+    Column("cpu/GB rcv", "cpu_recv_s_per_GB", ".3f"),
     Column("#wrong", "wrong", "d"),
 ]
 
@@ -466,11 +663,15 @@ def main(args: argparse.Namespace) -> int:
             run.run_mptcp()
             if args.poll_baseline:
                 run.run_mptcp("mptcp-poll", poll_us=cfg.poll_us)
+        if "iperf3" in args.baseline:
+            run.run_iperf3("iperf3", nics)
+            if len(nics) > 1:
+                run.run_iperf3("iperf3-1", nics[:1])
     except Exception as e:  # noqa: BLE001 - a lost peer or coordinator: report what we have
         aborted = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
         run.errors.append(f"aborted: {aborted}")
     mine = {"rank": dist.rank, "role": run.role, "results": run.results, "iterations": run.iterations,
-            "send_times": run.send_times,
+            "send_times": run.send_times, "send_cpu": run.send_cpu,
             "rail_stats": run.rail_stats, "notes": run.notes, "errors": run.errors,
             "fault": run.fault.summary() if run.fault else None}
     everyone = None
@@ -517,6 +718,12 @@ def report(args, cfg, nics, everyone: list[dict], t_begin: float, build: dict, w
         sender = next((rep for rep in everyone if rep["rank"] == 2 * r["pair"]), None)
         if sender is not None:
             r["send_time_us"] = sender["send_times"].get(f"{r['impl']}/{r['size_bytes']}/{r['iter']}")
+    for r in results:      # the sender's CPU while its timed sends ran
+        sender = next((rep for rep in everyone if rep["rank"] == 2 * r["pair"]), None)
+        acc = sender.get("send_cpu", {}).get(f"{r['impl']}/{r['size_bytes']}") if sender else None
+        if acc:
+            r["cpu_send"] = acc[:2]
+            r["cpu_send_s_per_GB"] = per_gb(acc[:2], acc[2])
     notes = [n for rep in everyone for n in rep["notes"]]
     errors = [f"rank {rep['rank']}: {e}" for rep in everyone for e in rep["errors"]]
     fault = next((rep["fault"] for rep in everyone if rep["fault"]), None)
@@ -526,7 +733,8 @@ def report(args, cfg, nics, everyone: list[dict], t_begin: float, build: dict, w
         cols.insert(1, Column("pair", "pair", "d"))
     print(f"# bench p2p: {args.num_processes} processes, pairs 2k->2k+1, NICs {','.join(nics)}; "
           f"iters {args.iters}, warmup {args.warmup}; time = median on the receiver, "
-          f"algbw = size/time (GB/s = 1e9 B/s)")
+          f"algbw = size/time (GB/s = 1e9 B/s); cpu/GB = CPU seconds (user + system, every thread) "
+          f"per GB moved, on each end, while the timed transfers ran")
     print(format_table(cols, results))
     if fault or args.print_iters:
         t0 = min((r["t_start"] for r in iterations if r.get("t_start")), default=t_begin)
