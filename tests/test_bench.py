@@ -5,19 +5,12 @@ iperf3 is not installed; CI installs it)."""
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 
 import pytest
 
-
-def _free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
+from jax_rank_main import _free_port
 
 
 def _p2p(tmp_path, *extra, timeout=150):

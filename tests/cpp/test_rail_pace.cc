@@ -122,17 +122,23 @@ void shares_equally() {
   check(c.window() == lim.min_window, "nor does NaN");
 }
 
+// 40 chunks of `bytes`, one every `every_ns`, each acknowledged `rtt_ns` after it was dealt
+// (a queue that never empties: no ack sees the path's own round trip).
+void acks_behind_a_queue(RailPace& p, int64_t every_ns, int64_t rtt_ns, uint64_t bytes) {
+  int64_t now = 0;
+  p.on_deal(now, true);
+  for (int i = 1; i <= 40; i++) {
+    now += every_ns;
+    p.on_ack(now + rtt_ns, bytes, now, 1);
+  }
+}
+
 void a_large_first_rtt_cannot_inflate_the_window() {
   RailPaceLimits lim;
   lim.max_window = 64u << 20;
   RailPace p(lim);
   // First chunks met a full queue: 400 ms round trips at 10 MB/s.
-  int64_t now = 0;
-  p.on_deal(now, true);
-  for (int i = 1; i <= 40; i++) {
-    now += 10 * kMs;
-    p.on_ack(now + 400 * kMs, 100000, now, 1);
-  }
+  acks_behind_a_queue(p, 10 * kMs, 400 * kMs, 100000);
   p.share_window(10e6, 1);
   check(static_cast<double>(p.window()) <= 10e6 * 2 * 0.010 * 1.01,
         "the round trip term is capped at the target: window " + std::to_string(p.window()));
@@ -154,12 +160,7 @@ void learns_the_base_round_trip_from_outside_samples() {
   RailPace p(lim);
   // Every data chunk met a standing queue (6 ms) on a 12.5 MB/s link whose base round trip
   // is 80 us: data alone would take 6 ms for the round trip and size the window for it.
-  int64_t now = 0;
-  p.on_deal(now, true);
-  for (int i = 1; i <= 40; i++) {
-    now += 2 * kMs;
-    p.on_ack(now + 6 * kMs, 25000, now, 1);
-  }
+  acks_behind_a_queue(p, 2 * kMs, 6 * kMs, 25000);
   check(p.min_rtt_ns() == 6 * kMs, "data chunks give the smallest round trip they saw");
   p.on_rtt(80000);   // a heartbeat's echo on the same rail
   check(p.min_rtt_ns() == 80000, "a heartbeat's round trip lowers it: " + std::to_string(p.min_rtt_ns()));

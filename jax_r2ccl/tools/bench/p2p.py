@@ -220,21 +220,26 @@ class Runner:
                         rails = sum(1 for x, y in zip(after, rails_before) if x > y)
                     else:
                         rails = after
-                t = median(times)
-                row = {"impl": impl, "op": "p2p", "size_bytes": size, "iters": len(times), "rails": rails,
-                       "time_us_median": None if t is None else t * 1e6,
-                       "time_us_min": min(times) * 1e6 if times else None,
-                       "time_us_max": max(times) * 1e6 if times else None,
-                       "algbw_GBps": None if not t else size / t / 1e9,
-                       "cpu_recv": cpu if times else None,
-                       "cpu_recv_s_per_GB": per_gb(cpu, size * len(times)),
-                       "wrong": wrong, "pair": self.pair}
-                if failed:
-                    row["error"] = failed
-                    row["note"] = f"failed: {failed[:120]}"
-                self.results.append(row)
+                self.results.append(self._row(impl, size, rails, times, cpu, wrong, failed))
             if failed:
                 return
+
+    def _row(self, impl: str, size: int, rails, times: list[float], cpu: list[float], wrong: int,
+             failed: str | None) -> dict:
+        """One size's table row, on the receiver: times in seconds, its CPU while they ran."""
+        t = median(times)
+        row = {"impl": impl, "op": "p2p", "size_bytes": size, "iters": len(times), "rails": rails,
+               "time_us_median": None if t is None else t * 1e6,
+               "time_us_min": min(times) * 1e6 if times else None,
+               "time_us_max": max(times) * 1e6 if times else None,
+               "algbw_GBps": None if not t else size / t / 1e9,
+               "cpu_recv": cpu if times else None,
+               "cpu_recv_s_per_GB": per_gb(cpu, size * len(times)),
+               "wrong": wrong, "pair": self.pair}
+        if failed:
+            row["error"] = failed
+            row["note"] = f"failed: {failed[:120]}"
+        return row
 
     # ---- r2ccl over a set of NICs
 
@@ -472,20 +477,9 @@ class Runner:
                         cpu[0] += res["cpu_recv"][0]
                         cpu[1] += res["cpu_recv"][1]
                 if self.role == "recv":
-                    t = median(times)
-                    row = {"impl": impl, "op": "p2p", "size_bytes": size, "iters": len(times), "rails": len(nics),
-                           "time_us_median": None if t is None else t * 1e6,
-                           "time_us_min": min(times) * 1e6 if times else None,
-                           "time_us_max": max(times) * 1e6 if times else None,
-                           "algbw_GBps": None if not t else size / t / 1e9,
-                           "cpu_recv": cpu if times else None,
-                           "cpu_recv_s_per_GB": per_gb(cpu, size * len(times)),
-                           "wrong": wrong, "pair": self.pair}
+                    self.results.append(self._row(impl, size, len(nics), times, cpu, wrong, failed))
                     if failed:
-                        row["error"] = failed
-                        row["note"] = f"failed: {failed[:120]}"
                         self.errors.append(f"{impl} {format_size(size)}: {failed}")
-                    self.results.append(row)
                 if failed:
                     return
         except _Unavailable as e:
