@@ -14,8 +14,8 @@ import time
 
 import numpy as np
 
-from .common import (Column, Dist, FaultTrigger, add_common_args, format_size, format_table, median, stall_count,
-                     write_json)
+from .common import (Column, Dist, FaultTrigger, add_common_args, cpu_seconds, format_size, format_table, median,
+                     per_gb, stall_count, write_json)
 
 OPS = {
     "allreduce": ("psum", lambda n: 2 * (n - 1) / n),
@@ -121,15 +121,15 @@ def main(args: argparse.Namespace) -> int:
         wrong = {impl: 0 for impl in impls}
 
         def once(impl, it):
-            c0 = time.process_time()
+            c0 = cpu_seconds()
             t0 = time.perf_counter()
             out = fns[impl](x)
             out.block_until_ready()
             t1 = time.perf_counter()
-            c1 = time.process_time()
+            c1 = cpu_seconds()
             if it < args.warmup:
                 return
-            cpu[impl] += c1 - c0
+            cpu[impl] += (c1[0] - c0[0]) + (c1[1] - c0[1])
             bad = 0
             for shard in out.addressable_shards:
                 got = np.asarray(shard.data).reshape(-1)
@@ -169,8 +169,7 @@ def main(args: argparse.Namespace) -> int:
                    ("allreduce", "reducescatter") else "none", "iters": args.iters,
                    "time_us_median": med * 1e6, "algbw_GBps": algbw, "busbw_GBps": algbw * OPS[op][1](n),
                    # CPU per GB each process moved: the bytes busbw counts, per timed call
-                   "cpu_s_per_GB": cpu[impl] / (total * OPS[op][1](n) * len(times[impl]) / 1e9)
-                   if times[impl] and OPS[op][1](n) > 0 else None,
+                   "cpu_s_per_GB": per_gb((cpu[impl], 0.0), total * OPS[op][1](n) * len(times[impl])),
                    "wrong": wrong[impl]}
             last = [i for i in iterations if i["impl"] == impl and i["size_bytes"] == total and "plan" in i]
             if last:

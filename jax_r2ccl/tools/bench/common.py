@@ -9,6 +9,7 @@ import dataclasses
 import json
 import os
 import re
+import resource
 import statistics
 import subprocess
 import sys
@@ -226,6 +227,17 @@ class FaultTrigger:
         return {"delay_s": self.delay, "cmd": self.cmd, "armed": self._thread is not None,
                 "fired_unix": self.fired_unix, "rc": self.rc, "output": self.output[-2000:],
                 "error": self.error}
+
+
+def cpu_seconds() -> tuple[float, float]:
+    """(user, system) CPU seconds of this process so far, all its threads."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime, r.ru_stime
+
+
+def per_gb(cpu: Sequence[float] | None, nbytes: float) -> float | None:
+    """CPU seconds (user + system) per GB (1e9 bytes) moved."""
+    return (cpu[0] + cpu[1]) / (nbytes / 1e9) if cpu and nbytes else None
 
 
 def nic_ipv4(nic: str) -> str:

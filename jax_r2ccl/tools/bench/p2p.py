@@ -9,7 +9,6 @@ import dataclasses
 import errno
 import json
 import os
-import resource
 import select
 import shutil
 import socket
@@ -20,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from .common import (Column, Dist, FaultTrigger, add_common_args, format_size, format_table,
-                     median, nic_ipv4, stall_count, write_json)
+from .common import (Column, Dist, FaultTrigger, add_common_args, cpu_seconds, format_size, format_table,
+                     median, nic_ipv4, per_gb, stall_count, write_json)
 
 IPPROTO_MPTCP = 262
 SOL_MPTCP = 284
@@ -104,18 +103,6 @@ def pair_of(rank: int, world: int) -> tuple[str, int, int]:
     if rank % 2 == 1:
         return "recv", rank - 1, rank // 2
     return "idle", -1, -1
-
-
-def cpu_seconds(who: int = resource.RUSAGE_SELF) -> tuple[float, float]:
-    """(user, system) CPU seconds of this process, all its threads (or of its waited-for
-    children with RUSAGE_CHILDREN)."""
-    r = resource.getrusage(who)
-    return r.ru_utime, r.ru_stime
-
-
-def per_gb(cpu: list[float] | None, nbytes: int) -> float | None:
-    """CPU seconds (user + system) per GB (1e9 bytes) moved."""
-    return (cpu[0] + cpu[1]) / (nbytes / 1e9) if cpu and nbytes else None
 
 
 class Runner:
@@ -708,12 +695,13 @@ def core_build() -> dict:
 def report(args, cfg, nics, everyone: list[dict], t_begin: float, build: dict, write: bool = True) -> int:
     results = [r for rep in everyone for r in rep["results"]]
     iterations = [r for rep in everyone for r in rep["iterations"]]
+    senders = {rep["rank"]: rep for rep in everyone}
     for r in iterations:   # the sender's view: "go" received -> its send completed (all acked)
-        sender = next((rep for rep in everyone if rep["rank"] == 2 * r["pair"]), None)
+        sender = senders.get(2 * r["pair"])
         if sender is not None:
             r["send_time_us"] = sender["send_times"].get(f"{r['impl']}/{r['size_bytes']}/{r['iter']}")
     for r in results:      # the sender's CPU while its timed sends ran
-        sender = next((rep for rep in everyone if rep["rank"] == 2 * r["pair"]), None)
+        sender = senders.get(2 * r["pair"])
         acc = sender.get("send_cpu", {}).get(f"{r['impl']}/{r['size_bytes']}") if sender else None
         if acc:
             r["cpu_send"] = acc[:2]
