@@ -233,7 +233,6 @@ void ChannelCore::fail_rail(int rail, FailReason reason, const std::string& why,
   r.lazy_bytes = 0;
   r.lazy_chunks = 0;
   r.ack_now = false;
-  r.rx_unacked = 0;
   r.cur = TxFrame();
   r.ctrl.clear();
   r.rx.reset();
@@ -514,10 +513,9 @@ bool ChannelCore::on_header(int rail, int64_t now) {
 void ChannelCore::on_frame(int rail, int64_t now) {
   Rail& r = *ch.rails[static_cast<size_t>(rail)];
   r.last_rx_ns = now;
-  if (r.rx.h.type == FrameType::kData) {
+  if (r.rx.h.type == FrameType::kData)
     data_frame(r);
-    if (r.rx_unacked >= set_.prompt_ack_bytes && r.state == RailState::kUp && !r.paused) flush_acks(r);
-  } else
+  else
     control_frame(r, now);
   r.rx.reset();
 }
@@ -594,7 +592,6 @@ void ChannelCore::data_frame(Rail& r) {
     r.lazy_chunks++;
   } else {
     r.ack_now = true;
-    r.rx_unacked += h.payload_len;
   }
   if (was_applied) return;
   ch.mark_applied(h.seq);
@@ -742,7 +739,6 @@ void ChannelCore::flush_acks(Rail& r) {
   r.lazy_bytes = 0;
   r.lazy_chunks = 0;
   r.ack_now = false;
-  r.rx_unacked = 0;
   while (!src.empty()) {
     size_t n = std::min(src.size(), kMaxAckRanges);
     std::vector<uint8_t> body(n * kAckRangeBytes);

@@ -121,10 +121,6 @@ struct Rail {
   uint64_t lazy_bytes = 0;
   int lazy_chunks = 0;
   bool ack_now = false;
-  // Data bytes (not eager) read since this rail's last ack frame: at prompt_ack_bytes the acks
-  // go out at once, without waiting for the rail to be read dry (a fast sender's window
-  // would otherwise empty while the receiver reads a long burst).
-  uint64_t rx_unacked = 0;
   uint64_t cum_sent = 1;           // the cumulative ack point last sent on this rail
 
   int64_t last_rx_ns = 0, last_tx_ns = 0, last_ack_ns = 0, progress_ns = 0, changed_ns = 0;
@@ -239,12 +235,6 @@ class RailIo {
   virtual void recv_dropped(int rail) = 0;
 };
 
-// A rail that has read this many data bytes (eager ones aside) since its last ack frame
-// sends its acks at once. Measured on unshaped loopback rails (issue 14): acking only when a
-// rail was read dry left a 256 MiB transfer at 2.2-2.3 GB/s with the sender waiting for
-// window; acking every 64 KiB, 2.97 GB/s, for one ack frame per 64-256 KiB chunk.
-inline constexpr uint64_t kPromptAckBytes = 64 << 10;
-
 // Settings a channel runs by (from Config; tests make them small).
 struct ChannelSettings {
   bool crc = false;
@@ -256,7 +246,6 @@ struct ChannelSettings {
   uint64_t eager_bytes = 0;                 // sends up to this size are eager (0: none)
   uint64_t eager_held_bytes = kEagerHeldBytes;   // most bytes of eager copies awaiting acks
   uint64_t lazy_ack_bytes = 16 << 10;       // eager bytes whose acks wait at most
-  uint64_t prompt_ack_bytes = kPromptAckBytes;   // data bytes read before acks go out at once
   static ChannelSettings from(const Config& cfg);
 };
 

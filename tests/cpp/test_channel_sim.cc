@@ -118,7 +118,6 @@ class Sim {
     set_.eager_bytes = eager_pick < 2 ? 0 : eager_pick == 2 ? 64 << rng_.below(5) : 1 << 20;
     set_.eager_held_bytes = 512 << rng_.below(6);
     set_.lazy_ack_bytes = 64;
-    set_.prompt_ack_bytes = 256 << rng_.below(4);   // a burst read before the rail is dry is acked as it goes
     limits_.max_chunk_bytes = kChunkBytesMax;
     limits_.max_message_bytes = 1 << 20;
     std::vector<std::pair<int, int>> pairs;
@@ -207,7 +206,6 @@ class Sim {
     if (up(0, r)) core_[0]->fail_rail(r, FailReason::kReplaced, "replaced by a new connection from the peer", now_);
     if (up(1, r)) core_[1]->fail_rail(r, FailReason::kReplaced, "replaced", now_);
     conns_[r] = Conn();
-    unacked_[0][r] = unacked_[1][r] = 0;
     log("rail " + std::to_string(r) + " connects");
     int first = static_cast<int>(rng_.below(2));
     core_[first]->rail_up(r, now_);
@@ -298,20 +296,8 @@ class Sim {
       }
     }
     rx.got = n;
-    const bool counted = rx.h.type == FrameType::kData && !(rx.h.flags & kFlagEager);
-    if (rl.acks.empty()) unacked_[side][r] = 0;   // flushed meanwhile (a tick, a heartbeat)
     core_[side]->on_frame(r, now_);
-    // A receiver reading a long burst acknowledges as it goes, not only once the rail is dry.
-    if (counted && up(side, r)) {
-      unacked_[side][r] = rl.acks.empty() ? 0 : unacked_[side][r] + n;
-      if (unacked_[side][r] >= set_.prompt_ack_bytes)
-        fail("side " + std::to_string(side) + " rail " + std::to_string(r) + " read " +
-             std::to_string(unacked_[side][r]) + " data bytes without acknowledging them");
-    }
-    if (up(side, r) && (conns_[r].pipe[1 - side].empty() || rng_.chance(0.5))) {
-      core_[side]->rx_idle(r, now_);
-      if (rl.acks.empty()) unacked_[side][r] = 0;
-    }
+    if (up(side, r) && (conns_[r].pipe[1 - side].empty() || rng_.chance(0.5))) core_[side]->rx_idle(r, now_);
   }
 
   void eof(int side, int r) {
@@ -604,7 +590,6 @@ class Sim {
   Conn conns_[kRailsMax];
   std::vector<uint8_t> held_[2][kRailsMax];
   bool holding_[2][kRailsMax] = {};
-  uint64_t unacked_[2][kRailsMax] = {};   // data bytes read on a rail while its acks were pending
   bool in_kick_[2][kRailsMax] = {};
   int redials_[2] = {0, 0};
   int corruptions_ = 0, dups_ = 0;
