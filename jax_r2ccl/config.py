@@ -92,6 +92,13 @@ SETTINGS: tuple[Setting, ...] = (
             "cover the acks' turnaround. Stall detection allows each rail this drain time too."),
     Setting("R2CCL_CONNS_PER_NIC", "conns_per_nic", int,
             "TCP connections per NIC pair (each is a rail of its own)."),
+    Setting("R2CCL_IO_THREADS", "io_threads", int,
+            "Threads that run the TCP send and receive calls, so one process moves bytes on several "
+            "cores: the NICs are dealt to them in order (NIC k to thread k mod N), and a thread whose "
+            "NICs share a known NUMA node runs on that node. Frames of at most 32 KiB onto an idle "
+            "connection are still moved by the thread that posts them (no hand-over). 0: the progress "
+            "thread makes every socket call itself. -1 (auto): IO_THREADS_AUTO "
+            f"(at most {CONSTANTS['io_threads_max']})."),
     Setting("R2CCL_TIMEOUT", "timeout_s", float,
             "Seconds an operation may wait, and how long every rail to a peer may stay down, "
             "before it fails with an error naming the peer."),

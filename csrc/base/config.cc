@@ -14,6 +14,8 @@ std::string Config::validate() const {
     return bad("R2CCL_RAIL_WINDOW_BYTES", "must be at least R2CCL_CHUNK_BYTES");
   if (rail_queue_ms < 1 || rail_queue_ms > 10000) return bad("R2CCL_RAIL_QUEUE_MS", "must be 1..10000");
   if (conns_per_nic < 1 || conns_per_nic > 16) return bad("R2CCL_CONNS_PER_NIC", "must be 1..16");
+  if (io_threads < -1 || io_threads > kIoThreadsMax)
+    return bad("R2CCL_IO_THREADS", "must be -1 (auto), 0 or 1.." + std::to_string(kIoThreadsMax));
   if (!(timeout_s > 0)) return bad("R2CCL_TIMEOUT", "must be > 0 seconds");
   if (heartbeat_ms < 1) return bad("R2CCL_HEARTBEAT_MS", "must be >= 1");
   if (heartbeat_misses < 1) return bad("R2CCL_HEARTBEAT_MISSES", "must be >= 1");

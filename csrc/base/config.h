@@ -29,11 +29,15 @@ inline constexpr uint64_t kEagerHeldBytes = 4 << 20;
 inline constexpr uint64_t kStagingChunkMin = 4096;
 inline constexpr uint64_t kStagingChunkMax = 1ull << 30;
 
+// Most socket I/O threads one endpoint runs (R2CCL_IO_THREADS).
+inline constexpr int kIoThreadsMax = 64;
+
 struct Config {
   uint64_t chunk_bytes = 256 << 10;          // R2CCL_CHUNK_BYTES: largest payload per data frame
   uint64_t rail_window_bytes = 4 << 20;      // R2CCL_RAIL_WINDOW_BYTES: most unacked bytes one rail may hold
   int rail_queue_ms = 10;                    // R2CCL_RAIL_QUEUE_MS: a rail's window = its bandwidth x this (+ its RTT)
   int conns_per_nic = 1;                     // R2CCL_CONNS_PER_NIC: TCP connections per NIC pair
+  int io_threads = -1;                       // R2CCL_IO_THREADS: socket I/O threads (-1: auto, 0: the progress thread)
   double timeout_s = 30.0;                   // R2CCL_TIMEOUT: all rails down / no progress -> error
   int mismatch_ms = 2000;                    // R2CCL_MISMATCH_MS: a peer evidently in another collective this long -> mismatch
   int heartbeat_ms = 100;                    // R2CCL_HEARTBEAT_MS: idle-rail heartbeat period

@@ -6,6 +6,7 @@
 #include "core/engine.h"
 
 #include <poll.h>
+#include <sched.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
@@ -27,7 +28,21 @@ using namespace detail;
 // the caller's path), else null.
 namespace {
 thread_local const Engine* t_running = nullptr;
+
+// The CPUs this process may run on.
+int usable_cpus() {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof set, &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return std::max(1u, std::thread::hardware_concurrency());
+}
 }  // namespace
+
+// R2CCL_IO_THREADS: -1 (auto) gives IO_AUTO_RULE.
+int resolve_io_threads(int setting, size_t nics) {
+  if (setting >= 0) return setting;
+  const int cpus = usable_cpus();
+  return static_cast<int>(std::min<size_t>({nics, static_cast<size_t>(cpus), static_cast<size_t>(kIoThreadsMax)}));
+}
 
 // The engine's work on a caller's thread (or the engine thread): marks the thread as running
 // it and collects the on_finish callbacks of requests finished meanwhile; on a caller's
@@ -83,7 +98,9 @@ Engine::Engine(const Config& cfg, int rank, int world, const std::vector<std::st
   limits_.max_chunk_bytes = kChunkBytesMax;   // no valid chunk_bytes cuts a larger chunk
   limits_.max_message_bytes = cfg.max_message_bytes;
   scratch_.resize(256 << 10);
-  tp_ = make_socket_transport();
+  io_threads_ = resolve_io_threads(cfg.io_threads, nics_.size());
+  tp_ = make_socket_transport(io_threads_);
+  R2_INFO("socket I/O: %s", io_threads_ ? (std::to_string(io_threads_) + " I/O thread(s)").c_str() : "on the progress thread");
 
   // Two sets: epfd_ holds every socket (links, handshakes, listeners) and is what callers on
   // the caller's path poll; the engine thread sleeps on sleep_fd_, which holds the wake-up
@@ -340,7 +357,8 @@ void Engine::set_interest(Link& l) {
   if (l.fault != Fault::kStall) {
     ev = EPOLLIN;
     bool rate_wait = l.next_tx_ns > now_ns();
-    if (r.state == RailState::kConnecting || (r.cur.active && !rate_wait)) ev |= EPOLLOUT;
+    if (l.link->needs_writable_watch() && (r.state == RailState::kConnecting || (r.cur.active && !rate_wait)))
+      ev |= EPOLLOUT;
   }
   if (ev != l.events) {
     epoll_mod(l.link->wait_fd(), &l.poll, ev);
@@ -586,7 +604,7 @@ bool Engine::probe_refused(Peer& pr) {
     }
     ConnectState st = c->finish_connect();
     if (st == ConnectState::kPending) {
-      pollfd pfd{c->wait_fd(), POLLOUT, 0};
+      pollfd pfd{c->wait_fd(), static_cast<short>(c->needs_writable_watch() ? POLLOUT : POLLIN), 0};
       ::poll(&pfd, 1, 100);
       st = c->finish_connect();
     }

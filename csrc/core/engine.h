@@ -78,6 +78,9 @@ struct Link {
 
 class Engine;
 
+// R2CCL_IO_THREADS resolved for `nics` NICs on this machine (-1: the automatic choice).
+int resolve_io_threads(int setting, size_t nics);
+
 // A peer: its channel (the socket-free state machine) and the links that carry its rails.
 // It is the channel's RailIo.
 struct Peer final : RailIo {
@@ -106,6 +109,7 @@ class Engine {
 
   int rank() const { return rank_; }
   int world() const { return world_; }
+  int io_threads() const { return io_threads_; }
   std::vector<std::string> addresses() const { return addresses_; }
   const Config& config() const { return cfg_; }
 
@@ -202,6 +206,7 @@ class Engine {
   uint64_t job_id_ = 0;
   LinkOptions linkopt_;
   WireLimits limits_{};
+  int io_threads_ = 0;             // the transport's I/O threads (R2CCL_IO_THREADS resolved)
   std::unique_ptr<Transport> tp_;
   std::vector<std::unique_ptr<FrameListener>> listeners_;
   std::vector<std::unique_ptr<Pollable>> listener_polls_;

@@ -184,7 +184,7 @@ void Engine::start_connect(Peer& pr, Link& l) {
   }
   set_link(l, std::move(link));
   pr.core->link_state(l.index, RailState::kConnecting);
-  l.events = EPOLLOUT | EPOLLIN;
+  l.events = l.link->needs_writable_watch() ? EPOLLOUT | EPOLLIN : EPOLLIN;
   epoll_add(l.link->wait_fd(), &l.poll, l.events);
 }
 

@@ -100,8 +100,13 @@ class FrameLink {
   virtual ~FrameLink() = default;
   // For the caller's poller. Readable (EPOLLIN): some completion may be ready, of either
   // direction or of a pending connect; poll them all. Writable (EPOLLOUT): a send that
-  // send_blocked() said waits for the network may move (sockets only).
+  // send_blocked() said waits for the network may move, or a pending connect finished
+  // (plain sockets only).
   virtual int wait_fd() const = 0;
+  // True when the poller must watch wait_fd for writable too (a plain socket: a pending
+  // connect and a blocked send say so that way); false when every event reads as readable
+  // (a link served by its own thread, verbs), where watching writable would only spin.
+  virtual bool needs_writable_watch() const = 0;
   // A link made by connect() starts pending: kUp once established, kFailed with failure().
   virtual ConnectState finish_connect() = 0;
 
@@ -172,7 +177,9 @@ class Transport {
   virtual void deregister_memory(const MemRegion& mr) = 0;
 };
 
-// The TCP backend (net/socket): frames as bytes on a stream, no registration.
-std::unique_ptr<Transport> make_socket_transport();
+// The TCP backend (net/socket): frames as bytes on a stream, no registration. io_threads 0:
+// a link's syscalls run on the thread that polls it; N > 0: on N I/O threads the NICs are
+// dealt to (net/socket/io_threads.h).
+std::unique_ptr<Transport> make_socket_transport(int io_threads);
 
 }  // namespace r2ccl

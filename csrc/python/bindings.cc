@@ -158,6 +158,7 @@ NB_MODULE(_core, m) {
   config_field(config_cls, config_defaults, "connect_timeout_ms", &Config::connect_timeout_ms);
   config_field(config_cls, config_defaults, "tcp_user_timeout_ms", &Config::tcp_user_timeout_ms);
   config_field(config_cls, config_defaults, "socket_buffer_bytes", &Config::socket_buffer_bytes);
+  config_field(config_cls, config_defaults, "io_threads", &Config::io_threads);
   config_field(config_cls, config_defaults, "crc", &Config::crc);
   config_field(config_cls, config_defaults, "bind_device", &Config::bind_device);
   config_field(config_cls, config_defaults, "port", &Config::port);
@@ -202,6 +203,7 @@ NB_MODULE(_core, m) {
         d["caller_path_bytes"] = kCallerPathMaxBytes;
         d["eager_bytes_max"] = kEagerBytesMax;
         d["eager_held_bytes"] = kEagerHeldBytes;
+        d["io_threads_max"] = kIoThreadsMax;
         return d;
       },
       "Sizes that settings and their docs refer to.");

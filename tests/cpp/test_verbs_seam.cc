@@ -44,6 +44,7 @@ static_assert(!std::is_copy_constructible_v<VerbsLink> && !std::is_copy_assignab
                                                           "seam's signature")
 
 R2CCL_DECLARES(VerbsLink, wait_fd, int (VerbsLink::*)() const);
+R2CCL_DECLARES(VerbsLink, needs_writable_watch, bool (VerbsLink::*)() const);
 R2CCL_DECLARES(VerbsLink, finish_connect, ConnectState (VerbsLink::*)());
 R2CCL_DECLARES(VerbsLink, send_slots, size_t (VerbsLink::*)() const);
 R2CCL_DECLARES(VerbsLink, post_send, void (VerbsLink::*)(const SendPost&));
@@ -76,7 +77,7 @@ R2CCL_DECLARES(VerbsTransport, deregister_memory, void (VerbsTransport::*)(const
 // The factory, beside make_socket_transport.
 static_assert(std::is_same_v<decltype(&make_verbs_transport), std::unique_ptr<Transport> (*)(const VerbsOptions&)>,
               "make_verbs_transport(const VerbsOptions&) -> std::unique_ptr<Transport>");
-static_assert(std::is_same_v<decltype(&make_socket_transport), std::unique_ptr<Transport> (*)()>,
+static_assert(std::is_same_v<decltype(&make_socket_transport), std::unique_ptr<Transport> (*)(int)>,
               "the socket factory the verbs one stands beside");
 
 // The link's own wire: a rendezvous SEND (prefix, the largest header, descriptor) and the

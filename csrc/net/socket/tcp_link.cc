@@ -12,29 +12,19 @@
 #include <vector>
 
 #include "base/error.h"
+#include "net/socket/io_threads.h"
 #include "net/socket/stream.h"
 #include "net/transport.h"
 
 namespace r2ccl {
 namespace {
 
+using socket_detail::classify_errno;
+using socket_detail::IoPool;
 using socket_detail::IoResult;
+using socket_detail::make_io_pool;
+using socket_detail::make_threaded_link;
 using socket_detail::StreamSocket;
-
-LinkError classify(int err) {
-  switch (err) {
-    case EPIPE:
-    case ECONNRESET: return LinkError::kClosedByPeer;
-    case ECONNREFUSED: return LinkError::kRefused;
-    case ETIMEDOUT: return LinkError::kTimedOut;
-    case ENETUNREACH:
-    case EHOSTUNREACH:
-    case ENETDOWN:
-    case EADDRNOTAVAIL:
-    case EINVAL: return LinkError::kUnreachable;
-    default: return LinkError::kIo;
-  }
-}
 
 class TcpFrameLink final : public FrameLink {
  public:
@@ -44,13 +34,14 @@ class TcpFrameLink final : public FrameLink {
   }
 
   int wait_fd() const override { return s_->fd(); }
+  bool needs_writable_watch() const override { return true; }
 
   ConnectState finish_connect() override {
     if (failed()) return ConnectState::kFailed;
     IoResult r = s_->finish_connect();
     if (r.kind == IoResult::kWouldBlock) return ConnectState::kPending;
     if (r.kind == IoResult::kOk) return ConnectState::kUp;
-    fail(classify(r.err), r.err, std::string("connect: ") + std::strerror(r.err));
+    fail(classify_errno(r.err), r.err, std::string("connect: ") + std::strerror(r.err));
     return ConnectState::kFailed;
   }
 
@@ -89,7 +80,7 @@ class TcpFrameLink final : public FrameLink {
         return c;
       }
       if (r.kind != IoResult::kOk) {
-        fail(classify(r.err), r.err, std::string("send failed: ") + std::strerror(r.err));
+        fail(classify_errno(r.err), r.err, std::string("send failed: ") + std::strerror(r.err));
         return failed_completion(c.moved);
       }
       blocked_ = false;
@@ -216,7 +207,7 @@ class TcpFrameLink final : public FrameLink {
     if (r.kind == IoResult::kEof)
       fail(LinkError::kClosedByPeer, 0, "connection closed by the peer");
     else
-      fail(classify(r.err), r.err, std::string("receive failed: ") + std::strerror(r.err));
+      fail(classify_errno(r.err), r.err, std::string("receive failed: ") + std::strerror(r.err));
     return failed_completion(moved);
   }
 
@@ -236,32 +227,44 @@ class TcpFrameLink final : public FrameLink {
   std::vector<uint8_t> drop_;
 };
 
+// A link over `s`: driven by the poster alone, or by `pool`'s thread for the NIC.
+std::unique_ptr<FrameLink> make_link(const std::shared_ptr<IoPool>& pool, const Nic& nic,
+                                     std::unique_ptr<StreamSocket> s, size_t header_bytes, bool connecting) {
+  if (pool) return make_threaded_link(pool, nic, std::move(s), header_bytes, connecting);
+  return std::make_unique<TcpFrameLink>(std::move(s), header_bytes);
+}
+
 class TcpFrameListener final : public FrameListener {
  public:
-  TcpFrameListener(int fd, const Nic& nic, const LinkOptions& opt) : fd_(fd), nic_(nic), opt_(opt) {}
+  TcpFrameListener(int fd, const Nic& nic, const LinkOptions& opt, std::shared_ptr<IoPool> pool)
+      : fd_(fd), nic_(nic), opt_(opt), pool_(std::move(pool)) {}
   ~TcpFrameListener() override { ::close(fd_); }
   int wait_fd() const override { return fd_; }
   NetAddr local_addr() const override { return socket_detail::local_addr_of(fd_); }
   std::unique_ptr<FrameLink> accept() override {
     auto s = socket_detail::accept_socket(fd_, nic_, opt_);
     if (!s) return nullptr;
-    return std::make_unique<TcpFrameLink>(std::move(s), opt_.header_bytes);
+    return make_link(pool_, nic_, std::move(s), opt_.header_bytes, false);
   }
 
  private:
   int fd_;
   Nic nic_;
   LinkOptions opt_;
+  std::shared_ptr<IoPool> pool_;
 };
 
 class TcpTransport final : public Transport {
  public:
+  explicit TcpTransport(int io_threads) {
+    if (io_threads > 0) pool_ = make_io_pool(io_threads);
+  }
   const char* name() const override { return "socket"; }
   std::unique_ptr<FrameListener> listen(const Nic& nic, int port, const LinkOptions& opt) override {
-    return std::make_unique<TcpFrameListener>(socket_detail::listen_socket(nic, port, opt), nic, opt);
+    return std::make_unique<TcpFrameListener>(socket_detail::listen_socket(nic, port, opt), nic, opt, pool_);
   }
   std::unique_ptr<FrameLink> connect(const Nic& local, const NetAddr& remote, const LinkOptions& opt) override {
-    return std::make_unique<TcpFrameLink>(socket_detail::connect_socket(local, remote, opt), opt.header_bytes);
+    return make_link(pool_, local, socket_detail::connect_socket(local, remote, opt), opt.header_bytes, true);
   }
   bool needs_registration() const override { return false; }
   MemRegion register_memory(const void* base, size_t len) override {
@@ -271,10 +274,15 @@ class TcpTransport final : public Transport {
     return m;
   }
   void deregister_memory(const MemRegion&) override {}
+
+ private:
+  std::shared_ptr<IoPool> pool_;   // null: every link's I/O runs on its poster's thread
 };
 
 }  // namespace
 
-std::unique_ptr<Transport> make_socket_transport() { return std::make_unique<TcpTransport>(); }
+std::unique_ptr<Transport> make_socket_transport(int io_threads) {
+  return std::make_unique<TcpTransport>(std::max(0, io_threads));
+}
 
 }  // namespace r2ccl

@@ -158,6 +158,8 @@ class VerbsLink final : public FrameLink {
   // readable means "call finish_connect while pending, else poll_send and poll_recv". It
   // never reports writable (see send_blocked).
   int wait_fd() const override;
+  // False: an epoll fd never reads as writable (see wait_fd).
+  bool needs_writable_watch() const override;
   // The setup exchange, driven by the bootstrap socket: connect(2) finishes, send our record,
   // read the peer's, move the QP INIT -> RTR -> RTS (receives are posted before RTR), send
   // the ready byte, then kUp. Errors: ECONNREFUSED -> kRefused; ENETUNREACH/EHOSTUNREACH, no
