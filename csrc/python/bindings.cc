@@ -18,6 +18,7 @@
 #include "coll/reduce.h"
 #include "coll/runtime.h"
 #include "comm/communicator.h"
+#include "core/engine.h"
 #include "monitor/monitor.h"
 #include "ffi/handlers.h"
 #include "cuda/api.h"
@@ -193,6 +194,8 @@ NB_MODULE(_core, m) {
         return d;
       },
       "The names of the core's enums, each list in enum order (a name's index is its value).");
+  m.def("io_threads_for", &resolve_io_threads, nb::arg("setting"), nb::arg("nics"),
+        "R2CCL_IO_THREADS resolved for this many NICs on this machine (-1: the automatic choice).");
   m.def(
       "constants",
       [] {

@@ -40,6 +40,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
                    help="also run mptcp-poll: the MPTCP baseline with every receive busy-polling its "
                         "socket for up to R2CCL_POLL_US before it blocks, as r2ccl's caller's path does "
                         "(the same CPU spent waiting, so the two compare like for like)")
+    p.add_argument("--io-threads", default="", metavar="N[,N...]",
+                   help="also run r2ccl over the same rails with R2CCL_IO_THREADS=N for each N given "
+                        "(impl r2ccl-ioN): socket I/O threads side by side in one run")
     p.add_argument("--baseline", action="append", default=[], choices=("iperf3",),
                    help="iperf3: also run iperf3 over the same NICs, one stream per NIC ('iperf3') and one "
                         "stream on the first NIC ('iperf3-1'), each iteration SIZE bytes in all, with its "
@@ -627,6 +630,11 @@ def main(args: argparse.Namespace) -> int:
         args.fault_at = 0.0
     if args.inject and args.inject_rail is None:
         args.inject_rail = 0
+    try:
+        io_sweep = [int(x) for x in args.io_threads.split(",") if x.strip()]
+    except ValueError:
+        print(f"bench p2p: --io-threads {args.io_threads!r}: give integers, e.g. 0,1,2", file=sys.stderr)
+        return 2
     build = core_build()   # the library this process loaded (the build may change under us)
     dist = Dist(args.coordinator, args.num_processes, args.process_id, args.timeout)
     from ...config import Config
@@ -637,6 +645,8 @@ def main(args: argparse.Namespace) -> int:
     aborted = None
     try:
         run.run_r2ccl("r2ccl", nics, arm_fault=True)
+        for n in io_sweep:
+            run.run_r2ccl(f"r2ccl-io{n}", nics, arm_fault=False, io_threads=n)
         if args.thread_baseline:
             run.run_r2ccl("r2ccl-thread", nics, arm_fault=False, poll_us=0)
         if not args.no_baselines:
@@ -717,6 +727,10 @@ def report(args, cfg, nics, everyone: list[dict], t_begin: float, build: dict, w
           f"iters {args.iters}, warmup {args.warmup}; time = median on the receiver, "
           f"algbw = size/time (GB/s = 1e9 B/s); cpu/GB = CPU seconds (user + system, every thread) "
           f"per GB moved, on each end, while the timed transfers ran")
+    from ... import _core
+    print(f"# socket I/O threads per process: r2ccl {_core.io_threads_for(cfg.io_threads, len(nics))} "
+          f"(R2CCL_IO_THREADS={cfg.io_threads}), r2ccl-1rail {_core.io_threads_for(cfg.io_threads, 1)}; "
+          f"r2ccl-ioN: N")
     print(format_table(cols, results))
     if fault or args.print_iters:
         t0 = min((r["t_start"] for r in iterations if r.get("t_start")), default=t_begin)
