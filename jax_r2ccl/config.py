@@ -95,10 +95,11 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("R2CCL_IO_THREADS", "io_threads", int,
             "Threads that run the TCP send and receive calls, so one process moves bytes on several "
             "cores: the NICs are dealt to them in order (NIC k to thread k mod N), and a thread whose "
-            "NICs share a known NUMA node runs on that node. Frames of at most 32 KiB onto an idle "
+            "NICs share a known NUMA node runs on that node. Frames of at most "
+            f"{_size(CONSTANTS['caller_path_bytes'])} onto an idle "
             "connection are still moved by the thread that posts them (no hand-over). 0: the progress "
-            "thread makes every socket call itself. -1 (auto): IO_THREADS_AUTO "
-            f"(at most {CONSTANTS['io_threads_max']})."),
+            "thread makes every socket call itself. -1 (auto): one per NIC, but no more than the CPUs "
+            f"this process may run on (at most {CONSTANTS['io_threads_max']})."),
     Setting("R2CCL_TIMEOUT", "timeout_s", float,
             "Seconds an operation may wait, and how long every rail to a peer may stay down, "
             "before it fails with an error naming the peer."),

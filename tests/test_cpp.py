@@ -6,7 +6,7 @@ test_channel_sim runs 100,000 seeded schedules (10,000 under the sanitizers, whe
 about ten times as much); a failure names its seed, and
 `build/pytest-cpp/plain/test_channel_sim --seed S --schedules 1 --verbose` replays it.
 
-The tests are configured with -DR2CCL_CPP_TESTS=ON and built once per pytest session for each
+The tests are configured with -DR2CCL_CPP_TESTS=ON -DR2CCL_PYTHON_MODULE=OFF and built once per pytest session for each
 variant (plain, and AddressSanitizer + UBSan via -DR2CCL_SANITIZE=ON) under
 build/pytest-cpp/<variant>; only the test targets and the core library they link are built,
 not the Python extension. Warnings are errors (R2CCL_WERROR defaults ON).
@@ -99,6 +99,7 @@ def cpp_build(request) -> tuple[str, Path]:
         f"-DCMAKE_CXX_COMPILER={cxx}",
         f"-DPython_EXECUTABLE={sys.executable}",
         "-DR2CCL_CPP_TESTS=ON",
+        "-DR2CCL_PYTHON_MODULE=OFF",   # the C++ tests need neither nanobind nor jax
         *VARIANTS[variant],
     ]
     build = [*cmake, "--build", str(build_dir), "--target", *TARGETS, *(PLANTED if variant == "plain" else ())]

@@ -191,7 +191,7 @@ def test_error_causes_are_the_cores():
 def test_constants_are_the_ones_the_core_checks_and_the_docs_quote():
     k = _core.constants()
     assert set(k) == {"small_collective_bytes", "min_chunk_bytes", "max_chunk_bytes", "caller_path_bytes",
-                      "eager_bytes_max", "eager_held_bytes"}
+                      "eager_bytes_max", "eager_held_bytes", "io_threads_max"}
     for ok in (k["min_chunk_bytes"], k["max_chunk_bytes"]):
         assert Config.from_env(env={}, chunk_bytes=ok, rail_window_bytes=max(ok, 1 << 20)).chunk_bytes == ok
     for bad in (k["min_chunk_bytes"] - 1, k["max_chunk_bytes"] + 1):
@@ -204,6 +204,11 @@ def test_constants_are_the_ones_the_core_checks_and_the_docs_quote():
     assert f"(<= {config._size(k['caller_path_bytes'])})" in doc["poll_us"]
     assert f"(at most {config._size(k['eager_bytes_max'])})" in doc["eager_bytes"]
     assert config._size(k["eager_held_bytes"]) in doc["eager_bytes"]
+    assert f"(at most {k['io_threads_max']})" in doc["io_threads"]
+    assert f"at most {config._size(k['caller_path_bytes'])} onto an idle" in doc["io_threads"]
+    assert Config.from_env(env={}, io_threads=k["io_threads_max"]).io_threads == k["io_threads_max"]
+    with pytest.raises(config.R2cclError, match="R2CCL_IO_THREADS"):
+        Config.from_env(env={}, io_threads=k["io_threads_max"] + 1)
     assert Config.from_env(env={}, eager_bytes=k["eager_bytes_max"]).eager_bytes == k["eager_bytes_max"]
     with pytest.raises(config.R2cclError, match="R2CCL_EAGER_BYTES"):
         Config.from_env(env={}, eager_bytes=k["eager_bytes_max"] + 1)

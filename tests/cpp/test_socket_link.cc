@@ -328,6 +328,6 @@ int main() {
     std::fprintf(stderr, "%d failure(s)\n", g_failures);
     return 1;
   }
-  std::printf("test_socket_link: all passed\n");
+  std::printf("test_socket_link: all checks passed\n");
   return 0;
 }
