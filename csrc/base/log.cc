@@ -1,6 +1,7 @@
 // Logger and clocks. Lines are written with one write() so concurrent ranks do not interleave.
 #include "base/log.h"
 
+#include <pthread.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -26,6 +27,8 @@ void log_set_process_default(int level, int rank) {
   g_level.store(level);
   g_rank.store(rank);
 }
+void name_this_thread(const char* name) { pthread_setname_np(pthread_self(), name); }
+
 void log_bind_thread(int level, int rank) {
   t_level = level;
   t_rank = rank;

@@ -20,6 +20,9 @@ void log_set_rank(int rank);
 void log_set_process_default(int level, int rank);
 // The calling thread logs at `level` with `rank` from now on (an endpoint's own threads).
 void log_bind_thread(int level, int rank);
+// Names the calling thread (at most 15 characters; "r2ccl-engine", "r2ccl-io3"), as top -H,
+// perf and `bench p2p`'s CPU-by-thread line show it.
+void name_this_thread(const char* name);
 bool log_enabled(LogLevel level);
 void log_write(LogLevel level, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
 

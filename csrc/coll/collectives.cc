@@ -694,6 +694,7 @@ Executor::Executor(std::shared_ptr<Endpoint> ep, int my_process, CollectiveOptio
   if (!parse_plan(ep_->config().plan, &opt_.plan))
     throw Error(Cause::kInvalidArgument, -1, "R2CCL_PLAN=" + ep_->config().plan + " is not a plan");
   thread_ = std::thread([this] {
+    name_this_thread("r2ccl-exec");
     log_bind_thread(ep_->config().debug_level, ep_->rank());
     loop();
   });

@@ -131,6 +131,7 @@ Engine::Engine(const Config& cfg, int rank, int world, const std::vector<std::st
     addresses_.push_back(listeners_.back()->local_addr().str());
   }
   thread_ = std::thread([this] {
+    name_this_thread("r2ccl-engine");
     log_bind_thread(cfg_.debug_level, rank_);
     run();
   });

@@ -126,6 +126,7 @@ Monitor::Monitor(std::shared_ptr<Endpoint> ep, const Config& cfg) : ep_(std::mov
   // The baseline of every rail's counters: what happens from here on is reported.
   sample(mono_ns());
   thread_ = std::thread([this] {
+    name_this_thread("r2ccl-monitor");
     log_bind_thread(ep_->config().debug_level, ep_->rank());
     run();
   });

@@ -2,7 +2,8 @@
 // the poster's thread (0 I/O threads) and on I/O threads (1 and 3): connect, frames of many
 // sizes both ways at once checked byte for byte, pieces posted in parts, a dropped receive,
 // a moved payload, a rate-capped send (budgets), the peer closing, and a link destroyed with
-// sends and receives posted. Loopback only (127.0.0.1).
+// sends and receives posted; and NICs dealt to I/O threads by NIC, not by kernel interface.
+// Loopback only (127.0.0.1 to 127.0.0.3).
 #include <poll.h>
 #include <unistd.h>
 
@@ -315,7 +316,27 @@ void test_close(int threads, const std::string& what) {
 
 }  // namespace
 
+// NICs are dealt to I/O threads by the NIC as configured, not by kernel interface: three
+// loopback addresses (all on "lo") over two threads land on threads 0, 1, 0.
+void test_nic_dealing() {
+  auto tp = make_socket_transport(2);
+  LinkOptions opt;
+  opt.header_bytes = kHb;
+  opt.bind_device = false;
+  const char* addrs[] = {"127.0.0.1", "127.0.0.2", "127.0.0.3"};
+  const char* want[] = {"(I/O thread 0)", "(I/O thread 1)", "(I/O thread 0)"};
+  for (int i = 0; i < 3; i++) {
+    Nic nic = resolve_nic(addrs[i]);
+    auto lis = tp->listen(nic, 0, opt);
+    auto link = tp->connect(nic, lis->local_addr(), opt);
+    const std::string d = link->describe();
+    check(d.find(want[i]) != std::string::npos,
+          std::string("NIC ") + addrs[i] + " on interface '" + nic.ifname + "' is served by " + want[i] + ": " + d);
+  }
+}
+
 int main() {
+  test_nic_dealing();
   for (int threads : {0, 1, 3}) {
     const std::string t = std::to_string(threads) + " I/O threads";
     test_exchange(threads, SIZE_MAX, SIZE_MAX, t + ", whole pieces");

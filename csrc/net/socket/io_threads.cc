@@ -319,6 +319,7 @@ class IoThread {
     ::close(wake_);
   }
 
+  int index() const { return index_; }
   void add(const std::shared_ptr<LinkCore>& c) {
     std::lock_guard<std::mutex> g(mu_);
     c->id = next_id_++;
@@ -355,7 +356,7 @@ class IoThread {
 
  private:
   void run() {
-    pthread_setname_np(pthread_self(), ("r2ccl-io" + std::to_string(index_)).c_str());
+    name_this_thread(("r2ccl-io" + std::to_string(index_)).c_str());
     epoll_event evs[64];
     std::vector<std::shared_ptr<LinkCore>> work, again;
     while (!stop_.load()) {
@@ -447,11 +448,13 @@ class IoPool {
   }
   int size() const { return static_cast<int>(threads_.size()); }
 
-  // NIC k (in the order first used) goes to thread k mod size. A thread is pinned to its
+  // NIC k (in the order first used) goes to thread k mod size. A NIC is one entry of
+  // R2CCL_NICS as given (its name): loopback rails 127.0.0.1 and 127.0.0.2 share the kernel
+  // interface "lo" but are two NICs, each with a thread of its own. A thread is pinned to its
   // NICs' NUMA node when the machine has several and they all share one; unpinned otherwise.
   IoThread* thread_for(const Nic& nic) {
     std::lock_guard<std::mutex> g(mu_);
-    const std::string key = nic.ifname.empty() ? nic.addr_str() : nic.ifname;
+    const std::string key = nic.name.empty() ? nic.addr_str() : nic.name;
     auto it = nic_thread_.find(key);
     if (it != nic_thread_.end()) return threads_[static_cast<size_t>(it->second)].get();
     const int t = static_cast<int>(nic_thread_.size() % threads_.size());
@@ -507,7 +510,7 @@ class ThreadedLink final : public FrameLink {
       : pool_(pool), th_(th) {
     if (hb == 0 || hb > kMaxLinkHeaderBytes)
       throw Error(Cause::kInvalidArgument, -1, "frame header of " + std::to_string(hb) + " bytes");
-    desc_ = s->describe();
+    desc_ = s->describe() + " (I/O thread " + std::to_string(th->index()) + ")";
     c_ = std::make_shared<LinkCore>(std::move(s), hb, th, connecting);
     c_->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (c_->efd < 0) throw Error(Cause::kSystem, -1, std::string("eventfd: ") + std::strerror(errno));

@@ -235,6 +235,47 @@ def cpu_seconds() -> tuple[float, float]:
     return r.ru_utime, r.ru_stime
 
 
+def thread_cpu() -> dict[int, tuple[str, float]]:
+    """This process's threads: thread id -> (role, CPU seconds so far, user + system). The role
+    is the name the thread gave itself with trailing digits dropped ("r2ccl-io3" -> "r2ccl-io",
+    "r2ccl-engine"); threads named by no one go under "other". Linux's /proc; {} elsewhere."""
+    out: dict[int, tuple[str, float]] = {}
+    try:
+        tasks = os.listdir("/proc/self/task")
+        tick = os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError):
+        return out
+    for t in tasks:
+        try:
+            with open(f"/proc/self/task/{t}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue            # the thread ended meanwhile
+        name = stat[stat.index("(") + 1:stat.rindex(")")]
+        fields = stat[stat.rindex(")") + 2:].split()   # fields[0] is stat's 3rd field (state)
+        role = name.rstrip("0123456789") if name.startswith("r2ccl-") else "other"
+        out[int(t)] = (role, (int(fields[11]) + int(fields[12])) / tick)   # utime, stime
+    return out
+
+
+def thread_cpu_delta(before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]],
+                     acc: dict[str, list[float]]) -> None:
+    """Adds each role's CPU seconds between two thread_cpu() snapshots to acc[role] =
+    [seconds, threads seen, busiest thread's seconds]."""
+    per: dict[str, list[float]] = {}
+    for tid, (role, cpu) in after.items():
+        d = cpu - before.get(tid, (role, 0.0))[1]
+        e = per.setdefault(role, [0.0, 0, 0.0])
+        e[0] += d
+        e[1] += 1
+        e[2] = max(e[2], d)
+    for role, (sec, n, top) in per.items():
+        a = acc.setdefault(role, [0.0, 0, 0.0])
+        a[0] += sec
+        a[1] = max(a[1], n)
+        a[2] += top
+
+
 def per_gb(cpu: Sequence[float] | None, nbytes: float) -> float | None:
     """CPU seconds (user + system) per GB (1e9 bytes) moved."""
     return (cpu[0] + cpu[1]) / (nbytes / 1e9) if cpu and nbytes else None

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from .common import (Column, Dist, FaultTrigger, add_common_args, cpu_seconds, format_size, format_table,
-                     median, nic_ipv4, per_gb, stall_count, write_json)
+                     median, nic_ipv4, per_gb, stall_count, thread_cpu, thread_cpu_delta, write_json)
 
 IPPROTO_MPTCP = 262
 SOL_MPTCP = 284
@@ -116,6 +116,7 @@ class Runner:
         self.iterations: list[dict] = []
         self.send_times: dict[str, float] = {}   # sender: "impl/size/iter" -> us until its send completed
         self.send_cpu: dict[str, list] = {}      # sender: "impl/size" -> [user s, system s, bytes] while timed
+        self.thread_cpu: dict[str, dict] = {}    # "impl/size" -> wall s and CPU s by thread role while timed
         self.rail_stats: dict[str, Any] = {}
         self.notes: list[str] = []
         self.errors: list[str] = []
@@ -152,12 +153,14 @@ class Runner:
                         sender_sync()
                         if arm_fault and self.fault and timed and size == largest and it == a.warmup:
                             self.fault.arm()
+                        th0 = thread_cpu() if timed else None
                         c0 = cpu_seconds()
                         t0 = time.perf_counter()
                         send(data)
                         if timed:
                             self.send_times[f"{impl}/{size}/{it - a.warmup}"] = (time.perf_counter() - t0) * 1e6
                             c1 = cpu_seconds()
+                            self._add_thread_cpu(impl, size, th0, time.perf_counter() - t0)
                             acc = self.send_cpu.setdefault(f"{impl}/{size}", [0.0, 0.0, 0])
                             acc[0] += c1[0] - c0[0]
                             acc[1] += c1[1] - c0[1]
@@ -168,11 +171,14 @@ class Runner:
                         receiver_sync()
                         before = per_iter_rails() if (per_iter_rails and timed) else None
                         t0u = time.time()
+                        th0 = thread_cpu() if timed else None
                         c0 = cpu_seconds()
                         t0 = time.perf_counter()
                         recv(data)
                         t1 = time.perf_counter()
                         c1 = cpu_seconds()
+                        if timed:
+                            self._add_thread_cpu(impl, size, th0, t1 - t0)
                         ok = np.array_equal(data, expect_b)
                         if timed:
                             dt = t1 - t0
@@ -232,6 +238,11 @@ class Runner:
         return row
 
     # ---- r2ccl over a set of NICs
+
+    def _add_thread_cpu(self, impl: str, size: int, before: dict, wall: float) -> None:
+        e = self.thread_cpu.setdefault(f"{impl}/{size}", {"wall": 0.0, "roles": {}})
+        e["wall"] += wall
+        thread_cpu_delta(before, thread_cpu(), e["roles"])
 
     def run_r2ccl(self, impl: str, nics: list[str], arm_fault: bool, **overrides) -> None:
         from ...transport.bootstrap import connect_jax
@@ -662,7 +673,7 @@ def main(args: argparse.Namespace) -> int:
         aborted = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
         run.errors.append(f"aborted: {aborted}")
     mine = {"rank": dist.rank, "role": run.role, "results": run.results, "iterations": run.iterations,
-            "send_times": run.send_times, "send_cpu": run.send_cpu,
+            "send_times": run.send_times, "send_cpu": run.send_cpu, "thread_cpu": run.thread_cpu,
             "rail_stats": run.rail_stats, "notes": run.notes, "errors": run.errors,
             "fault": run.fault.summary() if run.fault else None}
     everyone = None
@@ -700,6 +711,32 @@ def core_build() -> dict:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return {"path": path, "mtime_unix": os.path.getmtime(path), "sha256": h.hexdigest()[:16]}
+
+
+def thread_lines(everyone: list[dict], results: list[dict]) -> list[str]:
+    """Where each r2ccl row's CPU went, on each end, at the largest size: every thread role's
+    CPU seconds over the timed transfers' wall time (1.00: one core busy throughout), so a
+    thread that caps the rate shows as one near 1.00."""
+    largest = max((r["size_bytes"] for r in results), default=0)
+    impls = [r["impl"] for r in results if r["size_bytes"] == largest and r["impl"].startswith("r2ccl")]
+    lines = []
+    for impl in dict.fromkeys(impls):
+        parts = []
+        for rep in sorted(everyone, key=lambda rep: rep["rank"]):
+            e = rep.get("thread_cpu", {}).get(f"{impl}/{largest}")
+            if not e or not e["wall"]:
+                continue
+            w = e["wall"]
+            roles = []
+            for role, (sec, n, top) in sorted(e["roles"].items(), key=lambda kv: -kv[1][0]):
+                if sec / w < 0.005:
+                    continue
+                roles.append(f"{role} {sec / w:.2f}" + (f" ({n} threads, busiest {top / w:.2f})" if n > 1 else ""))
+            parts.append(f"{rep['role']} " + ", ".join(roles))
+        if parts:
+            lines.append(f"# cpu by thread, {impl} {format_size(largest)} (cores busy over the transfers): "
+                         + "; ".join(parts))
+    return lines
 
 
 def report(args, cfg, nics, everyone: list[dict], t_begin: float, build: dict, write: bool = True) -> int:
@@ -750,6 +787,8 @@ def report(args, cfg, nics, everyone: list[dict], t_begin: float, build: dict, w
         if len(pairs) > 1:
             icols.insert(1, Column("pair", "pair", "d"))
         print(format_table(icols, rows))
+    for line in thread_lines(everyone, results):
+        print(line)
     for n in sorted(set(notes)):
         print(f"# note: {n}")
     for e in errors:
