@@ -55,6 +55,24 @@ def test_every_p2p_row_reports_cpu_per_gb_on_both_ends(tmp_path):
         assert abs((user + system) / (2 * 4 * 2**20 / 1e9) - v) < 1e-9, (side, row)
 
 
+@pytest.mark.timeout(200)
+def test_io_thread_rows_run_on_their_own_threads(tmp_path):
+    """--io-threads 0,2: each end of r2ccl-io2 ran its two loopback NICs' socket calls on two
+    named I/O threads beside the engine thread (NICs are dealt by NIC, not by the interface
+    "lo" they share); r2ccl-io0 ran none. Counted from /proc's threads, not from CPU ticks."""
+    rcs, text, doc = _p2p(tmp_path, "--sizes", "4MiB", "--no-baselines", "--io-threads", "0,2")
+    assert rcs == [0, 0], text[-4000:]
+    rows = {r["impl"]: r for r in doc["results"]}
+    assert {"r2ccl", "r2ccl-io0", "r2ccl-io2"} <= set(rows), text[-4000:]
+    assert all(r["wrong"] == 0 and r["iters"] == 2 for r in rows.values()), rows
+    for rank in ("0", "1"):
+        io2 = doc["thread_cpu"][rank][f"r2ccl-io2/{4 << 20}"]["roles"]
+        io0 = doc["thread_cpu"][rank][f"r2ccl-io0/{4 << 20}"]["roles"]
+        assert io2["r2ccl-io"][1] == 2 and io2["r2ccl-engine"][1] == 1, (rank, io2)
+        assert "r2ccl-io" not in io0 and io0["r2ccl-engine"][1] == 1, (rank, io0)
+    assert "# cpu by thread, r2ccl-io2 4MiB" in text, text[-4000:]
+
+
 @pytest.mark.skipif(shutil.which("iperf3") is None, reason="iperf3 is not installed (Debian: apt install iperf3)")
 @pytest.mark.timeout(200)
 def test_the_iperf3_baseline_runs_over_the_same_nics_in_the_same_run(tmp_path):

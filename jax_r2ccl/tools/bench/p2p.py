@@ -717,8 +717,8 @@ def thread_lines(everyone: list[dict], results: list[dict]) -> list[str]:
     """Where each r2ccl row's CPU went, on each end, at the largest size: every thread role's
     CPU seconds over the timed transfers' wall time (1.00: one core busy throughout), so a
     thread that caps the rate shows as one near 1.00."""
-    largest = max((r["size_bytes"] for r in results), default=0)
-    impls = [r["impl"] for r in results if r["size_bytes"] == largest and r["impl"].startswith("r2ccl")]
+    largest = max((r.get("size_bytes") or 0 for r in results), default=0)
+    impls = [r["impl"] for r in results if r.get("size_bytes") == largest and r["impl"].startswith("r2ccl")]
     lines = []
     for impl in dict.fromkeys(impls):
         parts = []
@@ -811,9 +811,10 @@ def report(args, cfg, nics, everyone: list[dict], t_begin: float, build: dict, w
         config["started_unix"] = t_begin
         config["core_build"] = build
         rail_stats = {str(rep["rank"]): rep["rail_stats"] for rep in everyone if rep["rail_stats"]}
+        threads = {str(rep["rank"]): rep.get("thread_cpu", {}) for rep in everyone}
         write_json(args.json, {"config": config, "results": results, "iterations": iterations,
                                "rail_stats": rail_stats, "stalls": stalls, "fault": fault, "notes": notes,
-                               "errors": errors})
+                               "errors": errors, "thread_cpu": threads})
         print(f"# wrote {args.json}")
     if wrong:
         print(f"# FAILED: {wrong} wrong iteration(s)")
