@@ -6,6 +6,7 @@
 #   sudo bench/testbed_p2p.sh                 # everything; results in bench-results/p2p-<time>/
 #   RUNS="healthy fail" bench/testbed_p2p.sh  # a subset (healthy latency fail blackhole flap inject)
 #   RATE=100gbit RUNS=cpu bench/testbed_p2p.sh  # CPU-bound: r2ccl beside iperf3, CPU s/GB
+#   IO_THREADS=0,2 RATE=100gbit RUNS=cpu ...    # also r2ccl at R2CCL_IO_THREADS=0 and 2 (rows r2ccl-io0, -io2)
 # Env: RATE (500mbit), ITERS (10), LAT_ITERS (300), FAULT_ITERS (3), PORT (first coordinator port, 29500),
 #      OUT (result folder), PYTHON (python3),
 #      R2CCL_* (passed through to both processes, e.g. R2CCL_DEBUG=INFO).
@@ -75,7 +76,8 @@ for r in $RUNS; do
       run healthy 600 --sizes 4KiB,16MiB,256MiB --iters "$ITERS" --warmup 2 --timeout 60 ;;
     cpu)        # the CPU-bound case (issue 14): give the bed fast rails, e.g. RATE=100gbit RUNS=cpu;
                 # iperf3 (one stream per NIC, and one stream) beside r2ccl, 1 rail and MPTCP, CPU s/GB on each end
-      run cpu 600 --sizes 16MiB,256MiB --iters "$ITERS" --warmup 2 --timeout 60 --baseline iperf3 ;;
+      run cpu 600 --sizes 16MiB,256MiB --iters "$ITERS" --warmup 2 --timeout 60 --baseline iperf3 \
+        ${IO_THREADS:+--io-threads "$IO_THREADS"} ;;
     latency)    # 4 KiB round trips: the caller's path, the progress thread alone, MPTCP
       run latency 300 --sizes 4KiB --iters "$LAT_ITERS" --warmup 30 --timeout 60 --thread-baseline --poll-baseline ;;
     fail)       # host 1's nic2 loses carrier 0.3 s into the first 256 MiB iteration; healed 1.5 s later

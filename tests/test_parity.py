@@ -191,7 +191,8 @@ def test_error_causes_are_the_cores():
 def test_constants_are_the_ones_the_core_checks_and_the_docs_quote():
     k = _core.constants()
     assert set(k) == {"small_collective_bytes", "min_chunk_bytes", "max_chunk_bytes", "caller_path_bytes",
-                      "eager_bytes_max", "eager_held_bytes", "io_threads_max"}
+                      "eager_bytes_max", "eager_held_bytes", "io_threads_max",
+                      "io_cpus_per_nic"}
     for ok in (k["min_chunk_bytes"], k["max_chunk_bytes"]):
         assert Config.from_env(env={}, chunk_bytes=ok, rail_window_bytes=max(ok, 1 << 20)).chunk_bytes == ok
     for bad in (k["min_chunk_bytes"] - 1, k["max_chunk_bytes"] + 1):
@@ -205,6 +206,12 @@ def test_constants_are_the_ones_the_core_checks_and_the_docs_quote():
     assert f"(at most {config._size(k['eager_bytes_max'])})" in doc["eager_bytes"]
     assert config._size(k["eager_held_bytes"]) in doc["eager_bytes"]
     assert f"(at most {k['io_threads_max']})" in doc["io_threads"]
+    assert f"at least {k['io_cpus_per_nic']} CPUs per NIC" in doc["io_threads"]
+    cpus = len(os.sched_getaffinity(0))
+    for nics in (1, 2, 4, 8):
+        want = min(nics, k["io_threads_max"]) if cpus >= k["io_cpus_per_nic"] * nics else 0
+        assert _core.io_threads_for(-1, nics) == want, (nics, cpus)
+        assert _core.io_threads_for(3, nics) == 3
     assert f"at most {config._size(k['caller_path_bytes'])} onto an idle" in doc["io_threads"]
     assert Config.from_env(env={}, io_threads=k["io_threads_max"]).io_threads == k["io_threads_max"]
     with pytest.raises(config.R2cclError, match="R2CCL_IO_THREADS"):

@@ -37,13 +37,15 @@ int usable_cpus() {
 }
 }  // namespace
 
-// R2CCL_IO_THREADS: -1 (auto) gives one thread per NIC, no more than the CPUs this process may
-// run on: each NIC's syscalls get a core of their own where there are cores (measured on 2
-// CPUs, 4 loopback rails: 2 threads move 1.5x what the progress thread alone does; BENCHMARKS.md).
+// R2CCL_IO_THREADS: -1 (auto) gives one thread per NIC where the process may run on at least
+// kIoCpusPerNic CPUs per NIC, else 0 (measured: 8 loopback rails on 16 CPUs, 4.5 GB/s on the
+// progress thread alone, 14.7 GB/s with 8 I/O threads; on 2 CPUs no gain, and striping
+// skews as the threads compete for the cores; BENCHMARKS.md).
 int resolve_io_threads(int setting, size_t nics) {
   if (setting >= 0) return setting;
-  const int cpus = usable_cpus();
-  return static_cast<int>(std::min<size_t>({nics, static_cast<size_t>(cpus), static_cast<size_t>(kIoThreadsMax)}));
+  const size_t cpus = static_cast<size_t>(usable_cpus());
+  if (nics == 0 || cpus < static_cast<size_t>(kIoCpusPerNic) * nics) return 0;
+  return static_cast<int>(std::min<size_t>(nics, static_cast<size_t>(kIoThreadsMax)));
 }
 
 // The engine's work on a caller's thread (or the engine thread): marks the thread as running

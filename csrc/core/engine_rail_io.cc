@@ -190,7 +190,7 @@ void Engine::rail_readable(Peer& pr, Link& l) {
     r.rx.reset();
   }
 out:
-  if (r.state == RailState::kUp) pr.core->rx_idle(l.index, now_ns());
+  if (r.state == RailState::kUp && l.link->rx_drained()) pr.core->rx_idle(l.index, now_ns());
 }
 
 // The connector's side of the handshake: the listener's challenge (answered with our proof

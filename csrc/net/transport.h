@@ -137,6 +137,12 @@ class FrameLink {
   // landing it. False when the transport cannot (an RDMA READ into it is in flight); then the
   // space must outlive the piece's kPayload.
   virtual bool drop_recv() = 0;
+  // After poll_recv found nothing: true when the link has read everything the network had
+  // for it (its receive side is idle, so the receiver's acks should go now), false when
+  // more is arriving and being read off the caller's thread (a link served by an I/O
+  // thread, between pieces). A link whose poll_recv reads the network itself is dry
+  // whenever poll_recv finds nothing.
+  virtual bool rx_drained() const { return true; }
 
   virtual const LinkFailure& failure() const = 0;
   // Ends traffic in both directions now (the peer sees its link close).

@@ -207,6 +207,7 @@ NB_MODULE(_core, m) {
         d["eager_bytes_max"] = kEagerBytesMax;
         d["eager_held_bytes"] = kEagerHeldBytes;
         d["io_threads_max"] = kIoThreadsMax;
+        d["io_cpus_per_nic"] = kIoCpusPerNic;
         return d;
       },
       "Sizes that settings and their docs refer to.");

@@ -90,6 +90,8 @@ struct LinkCore {
   int64_t signal_ns = 0;
   bool connecting;
   bool connect_event = false;       // the socket reported something while connecting
+  bool rx_dry = true;               // the last read of this link found the socket empty
+  bool dry_event = false;           // it became empty since the poster last looked
   bool liveness_due = false;        // bytes moved, announced with nothing finished
   LinkFailure failure;
 
@@ -119,7 +121,7 @@ struct LinkCore {
   bool failed() const { return failure.error != LinkError::kNone; }
   bool pending() const {
     return failed() || written > 0 || out_ready || rs == Rx::kHeaderReady || piece_done > 0 || liveness_due ||
-           connect_event;
+           connect_event || dry_event;
   }
   void signal() {
     signal_ns = mono_ns();
@@ -226,7 +228,21 @@ struct LinkCore {
     }
     IoResult r = s->read(dst, want);
     std::lock_guard<std::mutex> g(st);
-    if (r.kind == IoResult::kWouldBlock) return false;
+    if (r.kind == IoResult::kWouldBlock) {
+      // Read dry: the poster acks now (as a plain socket's poster does when its own read
+      // finds nothing). Acking after every piece instead would let the rail whose thread
+      // answers first grow its window and take the others' share (striping collapses on
+      // unshaped rails; see BENCHMARKS.md, prompt acks).
+      if (!rx_dry) {
+        rx_dry = true;
+        if (thread) {
+          dry_event = true;
+          signal();
+        }
+      }
+      return false;
+    }
+    if (r.kind == IoResult::kOk) rx_dry = false;
     if (r.kind == IoResult::kEof) {
       fail(LinkError::kClosedByPeer, 0, "connection closed by the peer");
       return false;
@@ -665,6 +681,7 @@ class ThreadedLink final : public FrameLink {
       c.moved = c_->rx_moved;
       c_->rx_moved = 0;
       c_->liveness_due = false;
+      c_->dry_event = false;
       c_->out_ready = false;   // a hint only: the poller tries the send after every readable
       if (!c_->connecting) c_->connect_event = false;
       if (c_->failed()) {
@@ -723,6 +740,11 @@ class ThreadedLink final : public FrameLink {
     std::lock_guard<std::mutex> g(c_->st);
     if (c_->rs == LinkCore::Rx::kPiece) c_->piece_dst = nullptr;   // the rest is read into `drop`
     return true;
+  }
+
+  bool rx_drained() const override {
+    std::lock_guard<std::mutex> g(c_->st);
+    return c_->rx_dry;
   }
 
   const LinkFailure& failure() const override {
