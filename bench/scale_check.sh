@@ -3,8 +3,9 @@
 # item 4), in one run of a few minutes: builds jax_r2ccl from this tree (the CPU part only),
 # then runs `bench p2p` between two local processes over RAILS loopback rails
 # (127.0.0.1 .. 127.0.0.RAILS), r2ccl at the default R2CCL_IO_THREADS and at each count in
-# THREADS, beside one rail, MPTCP and iperf3 (one stream per rail, one process each, where
-# iperf3 is on PATH), with CPU seconds per GB on each end. Loopback only; no root needed.
+# THREADS, beside one rail, MPTCP, plain TCP from one thread per rail (tcp-threads) and iperf3
+# (one stream per rail, one process each, where iperf3 is on PATH), with CPU seconds per GB on
+# each end. Loopback only; no root needed.
 #
 #   bench/scale_check.sh                 # results in $OUT (default bench-results/scale-<time>)
 #   RAILS=4 THREADS=0,1,2,4 bench/scale_check.sh
@@ -43,7 +44,7 @@ print("auto I/O threads for", '"$RAILS"', "NICs:", c.io_threads_for(-1, '"$RAILS
 
 step "bench p2p: 2 processes, $RAILS loopback rails, I/O threads auto and $THREADS, sizes $SIZES"
 common=(--coordinator "127.0.0.1:$PORT" --num-processes 2 --nics "$NICS" --sizes "$SIZES"
-        --iters "$ITERS" --warmup 1 --timeout 120 --io-threads "$THREADS" --baseline iperf3 --prefix scale)
+        --iters "$ITERS" --warmup 1 --timeout 120 --io-threads "$THREADS" --baseline iperf3 --baseline tcp-threads --prefix scale)
 timeout -k 5 420 "$PYTHON" -m jax_r2ccl bench p2p "${common[@]}" --process-id 1 > "$OUT/rank1.log" 2>&1 &
 bg=$!
 rc0=0 rc1=0

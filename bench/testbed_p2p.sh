@@ -76,7 +76,7 @@ for r in $RUNS; do
       run healthy 600 --sizes 4KiB,16MiB,256MiB --iters "$ITERS" --warmup 2 --timeout 60 ;;
     cpu)        # the CPU-bound case (issue 14): give the bed fast rails, e.g. RATE=100gbit RUNS=cpu;
                 # iperf3 (one stream per NIC, and one stream) beside r2ccl, 1 rail and MPTCP, CPU s/GB on each end
-      run cpu 600 --sizes 16MiB,256MiB --iters "$ITERS" --warmup 2 --timeout 60 --baseline iperf3 \
+      run cpu 600 --sizes 16MiB,256MiB --iters "$ITERS" --warmup 2 --timeout 60 --baseline iperf3 --baseline tcp-threads \
         ${IO_THREADS:+--io-threads "$IO_THREADS"} ;;
     latency)    # 4 KiB round trips: the caller's path, the progress thread alone, MPTCP
       run latency 300 --sizes 4KiB --iters "$LAT_ITERS" --warmup 30 --timeout 60 --thread-baseline --poll-baseline ;;

@@ -43,10 +43,12 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--io-threads", default="", metavar="N[,N...]",
                    help="also run r2ccl over the same rails with R2CCL_IO_THREADS=N for each N given "
                         "(impl r2ccl-ioN): socket I/O threads side by side in one run")
-    p.add_argument("--baseline", action="append", default=[], choices=("iperf3",),
+    p.add_argument("--baseline", action="append", default=[], choices=("iperf3", "tcp-threads"),
                    help="iperf3: also run iperf3 over the same NICs, one stream per NIC ('iperf3') and one "
                         "stream on the first NIC ('iperf3-1'), each iteration SIZE bytes in all, with its "
-                        "own client and server processes (the CPU-bound comparison: unshaped rails)")
+                        "own client and server processes (the CPU-bound comparison: unshaped rails). "
+                        "tcp-threads: plain TCP, one connection and one thread per NIC on each end, moving "
+                        "the same buffers as r2ccl (cold source, destination in place, checked)")
     p.add_argument("--mptcp-port", type=int, default=0, metavar="P",
                    help="MPTCP server port on the receiver (pair k uses P+k); 0: any free port")
     p.add_argument("--fault-at", type=float, default=None, metavar="SECONDS",
@@ -412,6 +414,103 @@ class Runner:
                     s.close()
             self.dist.barrier(f"{a.prefix}/{impl}/done")
 
+    # ---- plain TCP from threads: the reference a threaded sockets library could reach
+
+    def run_tcp_threads(self, impl: str, nics: list[str]) -> None:
+        """One plain TCP connection per NIC (from the sender's address on that NIC to the
+        receiver's), each driven by its own Python thread (the GIL is released in every send
+        and receive call), moving a contiguous share of the same buffers r2ccl moves: the
+        sender reads the message from its (cache-cold) source buffer and the receiver lands
+        it in place in its destination, every byte checked as for r2ccl. No chunking, acks,
+        retransmit or failover: what the kernel's TCP gives a program that only copies,
+        beside iperf3, which sends one small buffer over and over from cache."""
+        from concurrent.futures import ThreadPoolExecutor
+        a = self.args
+        key = f"{a.prefix}/{impl}/{self.pair}"
+        conns: list[socket.socket] = []
+        listeners: list[socket.socket] = []
+        pool = None
+        try:
+            if self.role == "recv":
+                addrs = []
+                for nic in nics:
+                    srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                    srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                    srv.bind((nic_ipv4(nic), 0))
+                    srv.listen(1)
+                    srv.settimeout(a.timeout)
+                    listeners.append(srv)
+                    addrs.append([nic_ipv4(nic), srv.getsockname()[1]])
+                self.dist.set_json(f"{key}/server", {"addrs": addrs})
+                for srv in listeners:       # connection k arrives on NIC k's listener
+                    c, _ = srv.accept()
+                    conns.append(c)
+            elif self.role == "send":
+                addrs = self.dist.get_json(f"{key}/server")["addrs"]
+                for nic, addr in zip(nics, addrs):
+                    c = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                    c.bind((nic_ipv4(nic), 0))
+                    c.settimeout(a.timeout)
+                    c.connect(tuple(addr))
+                    conns.append(c)
+            else:
+                return
+            for c in conns:
+                c.settimeout(a.timeout)
+                c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            pool = ThreadPoolExecutor(max_workers=len(conns), thread_name_prefix="tcp-threads")
+            first = conns[0]
+
+            def shares(mv):
+                n = len(mv)
+                k = len(conns)
+                bounds = [n * i // k for i in range(k + 1)]
+                return [mv[bounds[i]:bounds[i + 1]] for i in range(k)]
+
+            def send_all(c, part):
+                c.sendall(part)
+
+            def recv_all(c, part):
+                got, n = 0, len(part)
+                while got < n:
+                    k = c.recv_into(part[got:])
+                    if k == 0:
+                        raise ConnectionError(f"{impl}: peer closed after {got} of {n} bytes")
+                    got += k
+
+            def expect_byte(b: bytes):
+                one = bytearray(1)
+                if first.recv_into(one) != 1 or bytes(one) != b:
+                    raise ConnectionError(f"{impl}: peer closed the connection")
+
+            def send(data):
+                mv = memoryview(data).cast("B")
+                for f in [pool.submit(send_all, c, part) for c, part in zip(conns, shares(mv))]:
+                    f.result()
+
+            def sender_sync():
+                first.sendall(b"S")
+                expect_byte(b"R")
+
+            def receiver_sync():
+                expect_byte(b"S")
+
+            def recv(data):
+                first.sendall(b"R")
+                mv = memoryview(data).cast("B")
+                for f in [pool.submit(recv_all, c, part) for c, part in zip(conns, shares(mv))]:
+                    f.result()
+
+            self.run_impl(impl, send, recv, sender_sync, receiver_sync, lambda: len(conns), arm_fault=False)
+        except OSError as e:
+            self.errors.append(f"{impl}: {_oserr(e)}")
+        finally:
+            if pool is not None:
+                pool.shutdown(wait=True)
+            for c in conns + listeners:
+                c.close()
+            self.dist.barrier(f"{a.prefix}/{impl}/done")
+
     def _unavailable(self, why: str, impl: str = "mptcp") -> None:
         self.notes.append(f"{impl} unavailable: {why}")
         if self.role == "recv":
@@ -665,6 +764,8 @@ def main(args: argparse.Namespace) -> int:
             run.run_mptcp()
             if args.poll_baseline:
                 run.run_mptcp("mptcp-poll", poll_us=cfg.poll_us)
+        if "tcp-threads" in args.baseline:
+            run.run_tcp_threads("tcp-threads", nics)
         if "iperf3" in args.baseline:
             run.run_iperf3("iperf3", nics)
             if len(nics) > 1:
