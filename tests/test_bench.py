@@ -73,6 +73,17 @@ def test_io_thread_rows_run_on_their_own_threads(tmp_path):
     assert "# cpu by thread, r2ccl-io2 4MiB" in text, text[-4000:]
 
 
+@pytest.mark.timeout(200)
+def test_the_tcp_threads_baseline_moves_the_same_buffers_checked(tmp_path):
+    rcs, text, doc = _p2p(tmp_path, "--sizes", "4MiB", "--no-baselines", "--baseline", "tcp-threads")
+    assert rcs == [0, 0], text[-4000:]
+    rows = {r["impl"]: r for r in doc["results"]}
+    assert set(rows) == {"r2ccl", "tcp-threads"}, text[-4000:]
+    row = rows["tcp-threads"]
+    assert row["rails"] == 2 and row["iters"] == 2 and row["wrong"] == 0, row
+    assert row["algbw_GBps"] > 0 and row["cpu_send_s_per_GB"] > 0 and row["cpu_recv_s_per_GB"] > 0, row
+
+
 @pytest.mark.skipif(shutil.which("iperf3") is None, reason="iperf3 is not installed (Debian: apt install iperf3)")
 @pytest.mark.timeout(200)
 def test_the_iperf3_baseline_runs_over_the_same_nics_in_the_same_run(tmp_path):
