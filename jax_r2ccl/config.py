@@ -98,9 +98,9 @@ SETTINGS: tuple[Setting, ...] = (
             "NICs share a known NUMA node runs on that node. Frames of at most "
             f"{_size(CONSTANTS['caller_path_bytes'])} onto an idle "
             "connection are still moved by the thread that posts them (no hand-over). 0: the progress "
-            "thread makes every socket call itself. -1 (auto): one per NIC where this process may run "
-            f"on at least {CONSTANTS['io_cpus_per_nic']} CPUs per NIC, else 0 (with fewer cores the "
-            "threads compete for them and striping skews) "
+            "thread makes every socket call itself. -1 (auto): one per NIC where there are two NICs or "
+            f"more and this process may run on at least {CONSTANTS['io_cpus_per_nic']} CPUs per NIC, "
+            "else 0 (with fewer cores the threads compete for them and striping skews) "
             f"(at most {CONSTANTS['io_threads_max']})."),
     Setting("R2CCL_TIMEOUT", "timeout_s", float,
             "Seconds an operation may wait, and how long every rail to a peer may stay down, "

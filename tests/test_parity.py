@@ -209,7 +209,7 @@ def test_constants_are_the_ones_the_core_checks_and_the_docs_quote():
     assert f"at least {k['io_cpus_per_nic']} CPUs per NIC" in doc["io_threads"]
     cpus = len(os.sched_getaffinity(0))
     for nics in (1, 2, 4, 8):
-        want = min(nics, k["io_threads_max"]) if cpus >= k["io_cpus_per_nic"] * nics else 0
+        want = min(nics, k["io_threads_max"]) if nics >= 2 and cpus >= k["io_cpus_per_nic"] * nics else 0
         assert _core.io_threads_for(-1, nics) == want, (nics, cpus)
         assert _core.io_threads_for(3, nics) == 3
     assert f"at most {config._size(k['caller_path_bytes'])} onto an idle" in doc["io_threads"]

@@ -31,11 +31,12 @@ inline constexpr uint64_t kStagingChunkMax = 1ull << 30;
 
 // Most socket I/O threads one endpoint runs (R2CCL_IO_THREADS).
 inline constexpr int kIoThreadsMax = 64;
-// R2CCL_IO_THREADS=-1 (auto) runs one I/O thread per NIC only where the process may use at
-// least this many CPUs per NIC; elsewhere none (the progress thread makes every socket call).
-// With fewer, the I/O threads of both ends compete for cores and the rail whose thread runs
-// first takes a growing share of the chunks (BENCHMARKS.md, issue 14).
-inline constexpr int kIoCpusPerNic = 4;
+// R2CCL_IO_THREADS=-1 (auto) runs one I/O thread per NIC only where there are at least two
+// NICs and the process may use at least this many CPUs per NIC; elsewhere none (the progress
+// thread makes every socket call). With fewer cores the I/O threads compete for them, gain
+// nothing and skew striping (the rail whose thread runs first takes more of the chunks); with
+// one NIC a thread only adds a hand-over (BENCHMARKS.md, issue 14).
+inline constexpr int kIoCpusPerNic = 2;
 
 struct Config {
   uint64_t chunk_bytes = 256 << 10;          // R2CCL_CHUNK_BYTES: largest payload per data frame

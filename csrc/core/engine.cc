@@ -37,14 +37,15 @@ int usable_cpus() {
 }
 }  // namespace
 
-// R2CCL_IO_THREADS: -1 (auto) gives one thread per NIC where the process may run on at least
-// kIoCpusPerNic CPUs per NIC, else 0 (measured: 8 loopback rails on 16 CPUs, 4.5 GB/s on the
-// progress thread alone, 14.7 GB/s with 8 I/O threads; on 2 CPUs no gain, and striping
-// skews as the threads compete for the cores; BENCHMARKS.md).
+// R2CCL_IO_THREADS: -1 (auto) gives one thread per NIC where there are two NICs or more and
+// the process may run on at least kIoCpusPerNic CPUs per NIC, else 0 (measured: 8 loopback
+// rails on 16 CPUs, 4.1 GB/s on the progress thread alone, 14.6 GB/s with 8 I/O threads, and 1
+// I/O thread slower than none; on 2 CPUs no gain, and striping skews as the threads compete
+// for the cores; BENCHMARKS.md).
 int resolve_io_threads(int setting, size_t nics) {
   if (setting >= 0) return setting;
   const size_t cpus = static_cast<size_t>(usable_cpus());
-  if (nics == 0 || cpus < static_cast<size_t>(kIoCpusPerNic) * nics) return 0;
+  if (nics < 2 || cpus < static_cast<size_t>(kIoCpusPerNic) * nics) return 0;
   return static_cast<int>(std::min<size_t>(nics, static_cast<size_t>(kIoThreadsMax)));
 }
 

@@ -56,7 +56,6 @@ LinkError classify_errno(int err) {
 
 namespace {
 
-constexpr size_t kSlots = 8;
 constexpr size_t kInlineBytes = kCallerPathMaxBytes;   // frames and pieces the poster moves itself (as on the caller's path)
 constexpr size_t kDropBytes = 256 << 10;         // dropped payload is read in steps of this
 constexpr int64_t kLivenessNs = 10 * 1000000;    // bytes moved are announced at least this often
@@ -95,15 +94,8 @@ struct LinkCore {
   bool liveness_due = false;        // bytes moved, announced with nothing finished
   LinkFailure failure;
 
-  struct Out {
-    uint8_t hdr[kMaxLinkHeaderBytes];
-    const uint8_t* payload = nullptr;
-    size_t len = 0, done = 0;
-    uint64_t cookie = 0;
-  };
-  Out ring[kSlots];
-  size_t head = 0, count = 0;
-  size_t written = 0;               // posts from head fully written, not yet reported
+  SendRing tx;
+  size_t written = 0;               // posts from tx's oldest fully written, not yet reported
   bool poster_sends = false;        // a rate cap: the poster writes, the thread only watches
   bool want_out = false;            // the poster's write would block: announce when writable
   bool out_ready = false;
@@ -164,18 +156,11 @@ struct LinkCore {
     size_t slot;
     {
       std::lock_guard<std::mutex> g(st);
-      if (closed || failed() || connecting || written == count || budget == 0) return false;
+      if (closed || failed() || connecting || written == tx.count || budget == 0) return false;
       if (thread && poster_sends) return false;
-      slot = (head + written) % kSlots;
-      Out& o = ring[slot];
-      const size_t left = std::min(hb + o.len - o.done, budget);
-      if (o.done < hb) {
-        iov[n++] = {o.hdr + o.done, std::min(hb - o.done, left)};
-        const size_t rest = left - iov[0].iov_len;
-        if (rest > 0) iov[n++] = {const_cast<uint8_t*>(o.payload), rest};
-      } else {
-        iov[n++] = {const_cast<uint8_t*>(o.payload) + (o.done - hb), left};
-      }
+      // By slot, not by age: the poster may take finished posts off the ring meanwhile.
+      slot = (tx.head + written) % SendRing::kSlots;
+      n = next_write(tx.ring[slot], hb, budget, iov);
     }
     IoResult r = s->writev(iov, n);
     std::lock_guard<std::mutex> g(st);
@@ -187,7 +172,7 @@ struct LinkCore {
       fail(classify_errno(r.err), r.err, std::string("send failed: ") + std::strerror(r.err));
       return false;
     }
-    Out& o = ring[slot];
+    SendRing::Out& o = tx.ring[slot];
     o.done += r.bytes;
     if (o.done == hb + o.len) {
       written++;
@@ -575,29 +560,23 @@ class ThreadedLink final : public FrameLink {
     return ConnectState::kUp;
   }
 
-  size_t send_slots() const override { return kSlots; }
+  size_t send_slots() const override { return SendRing::kSlots; }
 
   void post_send(const SendPost& p) override {
     bool inline_write;
     {
       std::lock_guard<std::mutex> g(c_->st);
-      if (c_->count == kSlots) return c_->misuse("a send posted with every slot taken");
-      LinkCore::Out& o = c_->ring[(c_->head + c_->count) % kSlots];
-      std::memcpy(o.hdr, p.header, c_->hb);
-      o.payload = static_cast<const uint8_t*>(p.payload);
-      o.len = p.payload_len;
-      o.cookie = p.cookie;
-      o.done = 0;
-      c_->count++;
+      if (c_->tx.full()) return c_->misuse("a send posted with every slot taken");
+      c_->tx.push(p, c_->hb);
       if (c_->poster_sends || c_->connecting) return;   // the poster's poll_send writes it, or the connect's end kicks
-      inline_write = c_->count - c_->written == 1 && c_->hb + p.payload_len <= kInlineBytes;
+      inline_write = c_->tx.count - c_->written == 1 && c_->hb + p.payload_len <= kInlineBytes;
     }
     if (inline_write) {
       std::lock_guard<std::mutex> t(c_->tx_io);
       while (c_->write_step(SIZE_MAX, false)) {
       }
       std::lock_guard<std::mutex> g(c_->st);
-      const bool rest = c_->written < c_->count;
+      const bool rest = c_->written < c_->tx.count;
       c_->want_out = false;   // the thread takes the rest: a writable edge or this kick
       if (!rest) return;
     }
@@ -633,7 +612,7 @@ class ThreadedLink final : public FrameLink {
         if (c_->poster_sends) {
           c_->poster_sends = false;
           c_->want_out = false;
-          kick = c_->written < c_->count;
+          kick = c_->written < c_->tx.count;
         }
       }
       if (kick) th_->kick(c_);
@@ -646,9 +625,8 @@ class ThreadedLink final : public FrameLink {
       c.kind = LinkCompletion::kFailed;
     } else if (c_->written > 0) {
       c.kind = LinkCompletion::kSent;
-      c.cookie = c_->ring[c_->head].cookie;
-      c_->head = (c_->head + 1) % kSlots;
-      c_->count--;
+      c.cookie = c_->tx.at(0).cookie;
+      c_->tx.pop();
       c_->written--;
     }
     c_->settle();
@@ -657,21 +635,15 @@ class ThreadedLink final : public FrameLink {
 
   size_t head_sent() const override {
     std::lock_guard<std::mutex> g(c_->st);
-    return c_->count ? c_->ring[c_->head].done : 0;
+    return c_->tx.count ? c_->tx.at(0).done : 0;
   }
   bool send_blocked() const override { return false; }
 
   bool move_payload(uint64_t cookie, const void* payload) override {
     std::lock_guard<std::mutex> t(c_->tx_io);
     std::lock_guard<std::mutex> g(c_->st);
-    for (size_t i = 0; i < c_->count; i++) {
-      LinkCore::Out& o = c_->ring[(c_->head + i) % kSlots];
-      if (o.cookie == cookie) {
-        o.payload = static_cast<const uint8_t*>(payload);
-        return true;
-      }
-    }
-    return true;   // finished already: nothing reads the original any more
+    c_->tx.move_payload(cookie, payload);
+    return true;
   }
 
   LinkCompletion poll_recv() override {

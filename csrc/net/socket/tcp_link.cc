@@ -24,6 +24,8 @@ using socket_detail::IoPool;
 using socket_detail::IoResult;
 using socket_detail::make_io_pool;
 using socket_detail::make_threaded_link;
+using socket_detail::next_write;
+using socket_detail::SendRing;
 using socket_detail::StreamSocket;
 
 class TcpFrameLink final : public FrameLink {
@@ -45,35 +47,21 @@ class TcpFrameLink final : public FrameLink {
     return ConnectState::kFailed;
   }
 
-  size_t send_slots() const override { return kSlots; }
+  size_t send_slots() const override { return SendRing::kSlots; }
 
   void post_send(const SendPost& p) override {
-    if (count_ == kSlots) return misuse("a send posted with every slot taken");
-    Out& o = ring_[(head_ + count_) % kSlots];
-    std::memcpy(o.hdr, p.header, hb_);
-    o.payload = static_cast<const uint8_t*>(p.payload);
-    o.len = p.payload_len;
-    o.cookie = p.cookie;
-    o.done = 0;
-    count_++;
+    if (tx_.full()) return misuse("a send posted with every slot taken");
+    tx_.push(p, hb_);
   }
 
   LinkCompletion poll_send(size_t budget) override {
     LinkCompletion c;
     if (failed()) return failed_completion();
-    while (count_ > 0 && budget > 0) {
-      Out& o = ring_[head_];
+    while (tx_.count > 0 && budget > 0) {
+      SendRing::Out& o = tx_.at(0);
       const size_t total = hb_ + o.len;
-      size_t left = std::min(total - o.done, budget);
       iovec iov[2];
-      int n = 0;
-      if (o.done < hb_) {
-        iov[n++] = {o.hdr + o.done, std::min(hb_ - o.done, left)};
-        const size_t rest = left - iov[0].iov_len;
-        if (rest > 0) iov[n++] = {const_cast<uint8_t*>(o.payload), rest};
-      } else {
-        iov[n++] = {const_cast<uint8_t*>(o.payload) + (o.done - hb_), left};
-      }
+      const int n = next_write(o, hb_, budget, iov);
       IoResult r = s_->writev(iov, n);
       if (r.kind == IoResult::kWouldBlock) {
         blocked_ = true;
@@ -90,26 +78,19 @@ class TcpFrameLink final : public FrameLink {
       if (o.done == total) {
         c.kind = LinkCompletion::kSent;
         c.cookie = o.cookie;
-        head_ = (head_ + 1) % kSlots;
-        count_--;
+        tx_.pop();
         return c;
       }
     }
     return c;
   }
 
-  size_t head_sent() const override { return count_ ? ring_[head_].done : 0; }
-  bool send_blocked() const override { return blocked_ && count_ > 0; }
+  size_t head_sent() const override { return tx_.count ? tx_.at(0).done : 0; }
+  bool send_blocked() const override { return blocked_ && tx_.count > 0; }
 
   bool move_payload(uint64_t cookie, const void* payload) override {
-    for (size_t i = 0; i < count_; i++) {
-      Out& o = ring_[(head_ + i) % kSlots];
-      if (o.cookie == cookie) {
-        o.payload = static_cast<const uint8_t*>(payload);
-        return true;
-      }
-    }
-    return true;   // finished already: nothing reads the original any more
+    tx_.move_payload(cookie, payload);
+    return true;
   }
 
   LinkCompletion poll_recv() override {
@@ -176,14 +157,7 @@ class TcpFrameLink final : public FrameLink {
   std::string describe() const override { return s_->describe(); }
 
  private:
-  static constexpr size_t kSlots = 8;
   static constexpr size_t kDropBytes = 256 << 10;   // dropped payload is read in steps of this
-  struct Out {
-    uint8_t hdr[kMaxLinkHeaderBytes];
-    const uint8_t* payload = nullptr;
-    size_t len = 0, done = 0;
-    uint64_t cookie = 0;
-  };
   enum class Rx { kHeader, kAwaitAccept, kAwaitPost, kPiece };
 
   bool failed() const { return failure_.error != LinkError::kNone; }
@@ -214,9 +188,7 @@ class TcpFrameLink final : public FrameLink {
   std::unique_ptr<StreamSocket> s_;
   size_t hb_;
   LinkFailure failure_;
-  // send ring
-  Out ring_[kSlots];
-  size_t head_ = 0, count_ = 0;
+  SendRing tx_;
   bool blocked_ = false;
   // receive
   Rx rs_ = Rx::kHeader;
