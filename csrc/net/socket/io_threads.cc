@@ -57,7 +57,6 @@ LinkError classify_errno(int err) {
 namespace {
 
 constexpr size_t kInlineBytes = kCallerPathMaxBytes;   // frames and pieces the poster moves itself (as on the caller's path)
-constexpr size_t kDropBytes = 256 << 10;         // dropped payload is read in steps of this
 constexpr int64_t kLivenessNs = 10 * 1000000;    // bytes moved are announced at least this often
 constexpr int kStepsPerTurn = 16;                // syscalls per link per direction before the next link's turn
 

@@ -45,6 +45,9 @@ class StreamSocket {
   int immediate_err_;
 };
 
+// Payload a link drops (the rest of a cancelled receive) is read in steps of this.
+inline constexpr size_t kDropBytes = 256 << 10;
+
 // The sends posted on one link, oldest first: both socket links (tcp_link.cc, io_threads.cc)
 // keep theirs in one. Not thread-safe: its owner guards it.
 struct SendRing {

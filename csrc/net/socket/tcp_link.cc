@@ -22,6 +22,7 @@ namespace {
 using socket_detail::classify_errno;
 using socket_detail::IoPool;
 using socket_detail::IoResult;
+using socket_detail::kDropBytes;
 using socket_detail::make_io_pool;
 using socket_detail::make_threaded_link;
 using socket_detail::next_write;
@@ -157,7 +158,6 @@ class TcpFrameLink final : public FrameLink {
   std::string describe() const override { return s_->describe(); }
 
  private:
-  static constexpr size_t kDropBytes = 256 << 10;   // dropped payload is read in steps of this
   enum class Rx { kHeader, kAwaitAccept, kAwaitPost, kPiece };
 
   bool failed() const { return failure_.error != LinkError::kNone; }
