@@ -43,12 +43,14 @@ def test_messages_match_by_tag_and_order_even_when_received_late():
     assert res[1] and all(res[1].values()), res[1]
 
 
+@pytest.mark.parametrize("io_threads", [0, 2])
 @pytest.mark.parametrize("fault", ["close", "stall"])
 @pytest.mark.parametrize("side", [0, 1])
-def test_rail_fault_mid_transfer_is_bit_exact(fault, side):
-    # 4 rails capped at 40 MB/s each: 48 MiB takes ~0.3 s; the fault lands at 0.1 s.
+def test_rail_fault_mid_transfer_is_bit_exact(fault, side, io_threads):
+    # 4 rails capped at 40 MB/s each: 48 MiB takes ~0.3 s; the fault lands at 0.1 s. With
+    # io_threads 2 the rails' socket calls run on two I/O threads per process.
     n = 48 << 20
-    res = results(run_ranks("transfer_with_fault", 2, args=dict(
+    res = results(run_ranks("transfer_with_fault", 2, config={"io_threads": io_threads}, args=dict(
         nbytes=n, fault=fault, fault_rail=1, fault_side=side, fault_after_s=0.1, rate=40e6)))
     r0, r1 = res
     assert r1["wrong"] == 0
@@ -73,19 +75,6 @@ def test_exchanges_are_bit_exact_with_io_threads():
         assert r["wrong"] == 0, r
         for peer, rails in r["stats"].items():
             assert len(rails) == 4 and all(s["state"] == "up" for s in rails), rails
-
-
-@pytest.mark.parametrize("fault", ["close", "stall"])
-def test_rail_fault_mid_transfer_is_bit_exact_with_io_threads(fault):
-    n = 48 << 20
-    res = results(run_ranks("transfer_with_fault", 2, config={"io_threads": 2}, args=dict(
-        nbytes=n, fault=fault, fault_rail=1, fault_side=0, fault_after_s=0.1, rate=40e6)))
-    r0, r1 = res
-    assert r1["wrong"] == 0
-    assert r0["stats"][1]["failures"] >= 1, r0["stats"]
-    tx = [s["tx_bytes"] for s in r0["stats"]]
-    assert sum(tx) >= n and min(tx[0], tx[2], tx[3]) > n / 4, tx
-    assert r1["times"][0] < 3.0
 
 
 def test_rate_capped_rail_does_not_corrupt():

@@ -462,10 +462,11 @@ class Runner:
             first = conns[0]
 
             def shares(mv):
-                n = len(mv)
-                k = len(conns)
-                bounds = [n * i // k for i in range(k + 1)]
-                return [mv[bounds[i]:bounds[i + 1]] for i in range(k)]
+                parts, at = [], 0
+                for n in split_sizes(len(mv), len(conns)):
+                    parts.append(mv[at:at + n])
+                    at += n
+                return parts
 
             def send_all(c, part):
                 c.sendall(part)
@@ -540,7 +541,7 @@ class Runner:
             if exe is None:
                 raise _Unavailable("iperf3 is not on PATH (Debian: apt install iperf3)")
             for size in a.sizes:
-                shares = [size // len(nics) + (1 if k < size % len(nics) else 0) for k in range(len(nics))]
+                shares = split_sizes(size, len(nics))
                 times, wrong, failed = [], 0, None
                 cpu = [0.0, 0.0]
                 for it in range(a.warmup + a.iters):
@@ -667,6 +668,12 @@ class Runner:
                 p.wait()
         return ({"error": "; ".join(errs)} if errs else
                 {"bytes": got, "seconds": seconds, "cpu_send": cpu_send, "cpu_recv": cpu_recv})
+
+
+def split_sizes(size: int, k: int) -> list[int]:
+    """SIZE bytes in K contiguous shares, the first size % k one byte larger (the per-NIC
+    split of the baselines that stripe by hand: iperf3, tcp-threads)."""
+    return [size // k + (1 if i < size % k else 0) for i in range(k)]
 
 
 class _Unavailable(Exception):
