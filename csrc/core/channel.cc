@@ -78,6 +78,8 @@ ChannelSettings ChannelSettings::from(const Config& cfg) {
   // Half the smallest window a rail can have: a sender held back by its window is never
   // waiting for acks the receiver holds back.
   s.lazy_ack_bytes = std::min<uint64_t>(kMinChunkBytes, std::min(s.pace.min_window, s.pace.max_window) / 2);
+  // Likewise for data read in passes: acks go out before a full window is read.
+  s.read_pass_bytes = std::min<uint64_t>(kReadPassBytes, std::max<uint64_t>(s.pace.max_window / 2, 1));
   return s;
 }
 
@@ -233,6 +235,7 @@ void ChannelCore::fail_rail(int rail, FailReason reason, const std::string& why,
   r.lazy_bytes = 0;
   r.lazy_chunks = 0;
   r.ack_now = false;
+  r.rx_unacked = 0;
   r.cur = TxFrame();
   r.ctrl.clear();
   r.rx.reset();
@@ -520,10 +523,14 @@ void ChannelCore::on_frame(int rail, int64_t now) {
   r.rx.reset();
 }
 
-void ChannelCore::rx_idle(int rail, int64_t now) {
+void ChannelCore::rx_pass_end(int rail, int64_t now, bool drained) {
   (void)now;
   Rail& r = *ch.rails[static_cast<size_t>(rail)];
   if (r.state != RailState::kUp) return;
+  if (!drained) {
+    if (r.ack_now && r.rx_unacked >= set_.read_pass_bytes) flush_acks(r);
+    return;
+  }
   // Acks of eager chunks only, and few of them: they wait (for more, or for the tick).
   if (!r.ack_now && ch.orphan_acks.empty() && r.lazy_bytes < set_.lazy_ack_bytes && r.lazy_chunks < kLazyAckChunks)
     return;
@@ -592,6 +599,7 @@ void ChannelCore::data_frame(Rail& r) {
     r.lazy_chunks++;
   } else {
     r.ack_now = true;
+    r.rx_unacked += h.payload_len;
   }
   if (was_applied) return;
   ch.mark_applied(h.seq);
@@ -739,6 +747,7 @@ void ChannelCore::flush_acks(Rail& r) {
   r.lazy_bytes = 0;
   r.lazy_chunks = 0;
   r.ack_now = false;
+  r.rx_unacked = 0;
   while (!src.empty()) {
     size_t n = std::min(src.size(), kMaxAckRanges);
     std::vector<uint8_t> body(n * kAckRangeBytes);

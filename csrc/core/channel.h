@@ -121,6 +121,9 @@ struct Rail {
   uint64_t lazy_bytes = 0;
   int lazy_chunks = 0;
   bool ack_now = false;
+  // Data bytes (not eager) read since this rail's last ack frame: at read_pass_bytes the
+  // acks go out without waiting for the rail to be read dry (rx_pass_end).
+  uint64_t rx_unacked = 0;
   uint64_t cum_sent = 1;           // the cumulative ack point last sent on this rail
 
   int64_t last_rx_ns = 0, last_tx_ns = 0, last_ack_ns = 0, progress_ns = 0, changed_ns = 0;
@@ -235,6 +238,14 @@ class RailIo {
   virtual void recv_dropped(int rail) = 0;
 };
 
+// The most payload the engine reads from one rail before it turns to the others (the read
+// pass; engine_rail_io.cc), and the data a rail reads before its acks go out even though it
+// is not read dry. Equal passes make every rail that has data get the same service when the
+// cores, not the links, set the pace, so no rail's delivered rate (and window) grows on
+// scheduling luck; the ack at the end of a pass keeps a fast sender's window from running
+// empty while the receiver works through a long burst. Measured (issue 14, BENCHMARKS.md).
+inline constexpr uint64_t kReadPassBytes = 1 << 20;
+
 // Settings a channel runs by (from Config; tests make them small).
 struct ChannelSettings {
   bool crc = false;
@@ -246,6 +257,7 @@ struct ChannelSettings {
   uint64_t eager_bytes = 0;                 // sends up to this size are eager (0: none)
   uint64_t eager_held_bytes = kEagerHeldBytes;   // most bytes of eager copies awaiting acks
   uint64_t lazy_ack_bytes = 16 << 10;       // eager bytes whose acks wait at most
+  uint64_t read_pass_bytes = kReadPassBytes;  // data bytes read before acks go out undrained
   static ChannelSettings from(const Config& cfg);
 };
 
@@ -257,6 +269,7 @@ class ChannelCore {
               int64_t now);
 
   Channel ch;   // its state: read by stats and tests; written only through the calls below
+  const ChannelSettings& settings() const { return set_; }
 
   // requests (the request's peer is this channel's)
   void submit(const std::shared_ptr<Request>& req, int64_t now);
@@ -270,11 +283,12 @@ class ChannelCore {
   void set_paused(int rail, bool paused, int64_t now);
 
   // frames in, on an up rail: the header is in r.rx.h. on_header says where the payload goes
-  // (false: the rail failed); on_frame: the payload is in place. rx_idle: the transport has
-  // read all it can for now (acks go out).
+  // (false: the rail failed); on_frame: the payload is in place. rx_pass_end: the transport
+  // stopped reading the rail for now, `drained`: it has read all there is (acks go out), or
+  // not (acks go out once read_pass_bytes of data wait for them).
   bool on_header(int rail, int64_t now);
   void on_frame(int rail, int64_t now);
-  void rx_idle(int rail, int64_t now);
+  void rx_pass_end(int rail, int64_t now, bool drained);
   // Bytes of the current frame arrived / left (the rail is not silent, not idle).
   void rx_progress(int rail, int64_t now) { ch.rails[static_cast<size_t>(rail)]->last_rx_ns = now; }
   void tx_progress(int rail, int64_t now) { ch.rails[static_cast<size_t>(rail)]->last_tx_ns = now; }

@@ -563,6 +563,11 @@ void Engine::tick(int64_t now) {
           break;
       }
     }
+    // A link may hold off its readable event until a frame's piece is whole (a socket's
+    // receive low-water mark); what a slow rail has delivered of it still counts as life.
+    for (auto& lp : pr.links)
+      if (lp->link && pr.rail(lp->index).state == RailState::kUp && pr.rail(lp->index).rx.in_payload)
+        rail_readable(pr, *lp);
     pr.core->tick(now, nic_drain_ns_);
     check_peer_gone(pr, now);
   }

@@ -121,8 +121,17 @@ void Engine::rail_readable(Peer& pr, Link& l) {
     pr.core->fail_rail(l.index, f.error == LinkError::kClosedByPeer ? FailReason::kClosedByPeer : FailReason::kIo,
                        detail, now_ns());
   };
-  // Bounded so one busy rail cannot starve its siblings' writers.
-  for (int budget = 0; budget < 64; budget++) {
+  // One read pass: bounded in frames (one busy rail cannot starve its siblings' writers) and
+  // in payload bytes (every rail with data gets the same service; kReadPassBytes). What is
+  // left stays readable and is read on the next turn of the loop.
+  uint64_t pass_bytes = 0;
+  const uint64_t pass_limit = pr.core->settings().read_pass_bytes;
+  bool drained = true;
+  for (int frames = 0;; frames++) {
+    if (pass_bytes >= pass_limit || frames == 64) {
+      drained = false;
+      break;
+    }
     if (gone()) return;
     RxFrame& rx = r.rx;
     if (!rx.in_payload) {
@@ -180,6 +189,7 @@ void Engine::rail_readable(Peer& pr, Link& l) {
       if (c.kind == LinkCompletion::kNone) goto out;
       if (c.kind != LinkCompletion::kPayload) return read_failed();
       rx.got += c.bytes;
+      pass_bytes += c.bytes;
       l.piece_posted = false;
     }
     if (r.state == RailState::kUp)
@@ -190,7 +200,7 @@ void Engine::rail_readable(Peer& pr, Link& l) {
     r.rx.reset();
   }
 out:
-  if (r.state == RailState::kUp && l.link->rx_drained()) pr.core->rx_idle(l.index, now_ns());
+  if (r.state == RailState::kUp) pr.core->rx_pass_end(l.index, now_ns(), drained && l.link->rx_drained());
 }
 
 // The connector's side of the handshake: the listener's challenge (answered with our proof

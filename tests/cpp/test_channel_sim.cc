@@ -118,6 +118,7 @@ class Sim {
     set_.eager_bytes = eager_pick < 2 ? 0 : eager_pick == 2 ? 64 << rng_.below(5) : 1 << 20;
     set_.eager_held_bytes = 512 << rng_.below(6);
     set_.lazy_ack_bytes = 64;
+    set_.read_pass_bytes = 256 << rng_.below(4);   // undrained passes ack once this much waits
     limits_.max_chunk_bytes = kChunkBytesMax;
     limits_.max_message_bytes = 1 << 20;
     std::vector<std::pair<int, int>> pairs;
@@ -206,6 +207,7 @@ class Sim {
     if (up(0, r)) core_[0]->fail_rail(r, FailReason::kReplaced, "replaced by a new connection from the peer", now_);
     if (up(1, r)) core_[1]->fail_rail(r, FailReason::kReplaced, "replaced", now_);
     conns_[r] = Conn();
+    unacked_[0][r] = unacked_[1][r] = 0;
     log("rail " + std::to_string(r) + " connects");
     int first = static_cast<int>(rng_.below(2));
     core_[first]->rail_up(r, now_);
@@ -296,8 +298,20 @@ class Sim {
       }
     }
     rx.got = n;
+    const bool counted = rx.h.type == FrameType::kData && !(rx.h.flags & kFlagEager);
+    if (rl.acks.empty()) unacked_[side][r] = 0;   // flushed meanwhile (a tick, a heartbeat)
     core_[side]->on_frame(r, now_);
-    if (up(side, r) && (conns_[r].pipe[1 - side].empty() || rng_.chance(0.5))) core_[side]->rx_idle(r, now_);
+    if (counted && up(side, r)) unacked_[side][r] = rl.acks.empty() ? 0 : unacked_[side][r] + n;
+    // The reader leaves the rail: read dry, or at the end of a pass with more still waiting.
+    // Data read and not acknowledged must not pile up past read_pass_bytes either way.
+    if (up(side, r) && (conns_[r].pipe[1 - side].empty() || rng_.chance(0.5))) {
+      const bool dry = conns_[r].pipe[1 - side].empty() || rng_.chance(0.5);
+      core_[side]->rx_pass_end(r, now_, dry);
+      if (rl.acks.empty()) unacked_[side][r] = 0;
+      if (up(side, r) && unacked_[side][r] >= set_.read_pass_bytes)
+        fail("side " + std::to_string(side) + " rail " + std::to_string(r) + " ended a read pass with " +
+             std::to_string(unacked_[side][r]) + " data bytes unacknowledged");
+    }
   }
 
   void eof(int side, int r) {
@@ -590,6 +604,7 @@ class Sim {
   Conn conns_[kRailsMax];
   std::vector<uint8_t> held_[2][kRailsMax];
   bool holding_[2][kRailsMax] = {};
+  uint64_t unacked_[2][kRailsMax] = {};   // data bytes read on a rail while its acks were pending
   bool in_kick_[2][kRailsMax] = {};
   int redials_[2] = {0, 0};
   int corruptions_ = 0, dups_ = 0;

@@ -4,6 +4,7 @@
 // Posted sends are written with one sendmsg of header and payload (no copy of the payload);
 // receives read straight into the space the receiver posted. Sockets need no memory
 // registration. Knows nothing of rails or of the frame format's fields.
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -122,10 +123,12 @@ class TcpFrameLink final : public FrameLink {
         want = std::min(want, drop_.size());
       }
       IoResult r = s_->read(dst, want);
+      if (r.kind == IoResult::kWouldBlock) wake_at(piece_len_ - piece_got_);
       if (r.kind != IoResult::kOk) return read_ended(r, c.moved);
       piece_got_ += r.bytes;
       c.moved += r.bytes;
     }
+    wake_at(1);
     frame_left_ -= piece_len_;
     rs_ = frame_left_ ? Rx::kAwaitPost : Rx::kHeader;
     c.kind = LinkCompletion::kPayload;
@@ -184,6 +187,22 @@ class TcpFrameLink final : public FrameLink {
       fail(classify_errno(r.err), r.err, std::string("receive failed: ") + std::strerror(r.err));
     return failed_completion(moved);
   }
+
+  // The socket's receive low-water mark: readable (and the engine woken) only once this many
+  // bytes wait. Set to the rest of a piece the socket ran dry in (from kLowatMin up to
+  // kLowatMax), back to 1 when the piece is whole: a large frame wakes its reader about once
+  // instead of once per burst of segments. On the 2-core test bed (veth, 4 rails, 256 MiB)
+  // every wakeup of a sleeping receiver cost the sender's thread its share of an IPI, and
+  // this took p2p from 1.9 to 3.0 GB/s (BENCHMARKS.md, issue 14). A slow rail's partial
+  // piece is still read on the engine's tick, so its receiver sees it alive.
+  void wake_at(size_t bytes) {
+    int v = bytes >= kLowatMin ? static_cast<int>(std::min(bytes, kLowatMax)) : 1;
+    if (v == lowat_) return;
+    if (::setsockopt(s_->fd(), SOL_SOCKET, SO_RCVLOWAT, &v, sizeof v) == 0) lowat_ = v;
+  }
+  static constexpr size_t kLowatMin = 16 << 10;
+  static constexpr size_t kLowatMax = 1 << 20;
+  int lowat_ = 1;
 
   std::unique_ptr<StreamSocket> s_;
   size_t hb_;
