@@ -236,6 +236,7 @@ void ChannelCore::fail_rail(int rail, FailReason reason, const std::string& why,
   r.lazy_chunks = 0;
   r.ack_now = false;
   r.rx_unacked = 0;
+  r.dealt_since_ask = 0;
   r.cur = TxFrame();
   r.ctrl.clear();
   r.rx.reset();
@@ -407,6 +408,16 @@ void ChannelCore::pump(int64_t now) {
     const uint8_t* payload = c.req->payload() + c.offset;
     if (c.void_) h.flags |= kFlagAbort;
     if (eager) h.flags |= kFlagEager;
+    // Ask for the ack at the end of the receiver's read pass once per half window dealt, so
+    // a rail held by its window always has an asked chunk in flight, and where waiting could
+    // hold the send (its last chunk, an abort mark, a resend).
+    if (!eager) {
+      r.dealt_since_ask += c.len;
+      if (c.resend || c.void_ || c.offset + c.len == c.req->len || 2 * r.dealt_since_ask >= r.pace.window()) {
+        h.flags |= kFlagAckAsk;
+        r.dealt_since_ask = 0;
+      }
+    }
     if (set_.crc && c.len > 0) {
       h.flags |= kFlagPayloadCrc;
       h.payload_crc = crc32c(payload, c.len);
@@ -527,14 +538,12 @@ void ChannelCore::rx_pass_end(int rail, int64_t now, bool drained) {
   (void)now;
   Rail& r = *ch.rails[static_cast<size_t>(rail)];
   if (r.state != RailState::kUp) return;
-  if (!drained) {
-    if (r.ack_now && r.rx_unacked >= set_.read_pass_bytes) flush_acks(r);
-    return;
-  }
-  // Acks of eager chunks only, and few of them: they wait (for more, or for the tick).
-  if (!r.ack_now && ch.orphan_acks.empty() && r.lazy_bytes < set_.lazy_ack_bytes && r.lazy_chunks < kLazyAckChunks)
-    return;
-  flush_acks(r);
+  // Acks the sender asked for, or a pass's worth: at the end of every pass.
+  if (r.ack_now || r.rx_unacked >= set_.read_pass_bytes) return flush_acks(r);
+  // Read dry: also the acks owed on other rails, and eager chunks' once enough wait; the rest
+  // wait (for more, or for the tick).
+  if (drained && (!ch.orphan_acks.empty() || r.lazy_bytes >= set_.lazy_ack_bytes || r.lazy_chunks >= kLazyAckChunks))
+    flush_acks(r);
 }
 
 // Dedup: this sequence number was applied before (its payload must not land again).
@@ -598,8 +607,8 @@ void ChannelCore::data_frame(Rail& r) {
     r.lazy_bytes += h.payload_len;
     r.lazy_chunks++;
   } else {
-    r.ack_now = true;
     r.rx_unacked += h.payload_len;
+    if (was_applied || (h.flags & kFlagAckAsk)) r.ack_now = true;
   }
   if (was_applied) return;
   ch.mark_applied(h.seq);
@@ -622,7 +631,12 @@ void ChannelCore::data_frame(Rail& r) {
     redirect_to_scratch(h.msg_id);
     return;
   }
-  if (!m->aborted && m->received == m->len) finish_inmsg(h.msg_id);
+  if (!m->aborted && m->received == m->len) {
+    // The message is whole: its acks go at the end of this pass (the sender's send completes
+    // on them); the cumulative point in the ack frame covers its chunks read on other rails.
+    r.ack_now = true;
+    finish_inmsg(h.msg_id);
+  }
 }
 
 void ChannelCore::control_frame(Rail& r, int64_t now) {

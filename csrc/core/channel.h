@@ -124,6 +124,8 @@ struct Rail {
   // Data bytes (not eager) read since this rail's last ack frame: at read_pass_bytes the
   // acks go out without waiting for the rail to be read dry (rx_pass_end).
   uint64_t rx_unacked = 0;
+  // Data bytes dealt to this rail since a chunk last asked for its ack (kFlagAckAsk).
+  uint64_t dealt_since_ask = 0;
   uint64_t cum_sent = 1;           // the cumulative ack point last sent on this rail
 
   int64_t last_rx_ns = 0, last_tx_ns = 0, last_ack_ns = 0, progress_ns = 0, changed_ns = 0;

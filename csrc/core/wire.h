@@ -10,7 +10,7 @@
 namespace r2ccl {
 
 constexpr uint32_t kWireMagic = 0x43433252;  // "R2CC" on the wire
-constexpr uint16_t kWireVersion = 1;
+constexpr uint16_t kWireVersion = 2;   // 2: kFlagAckAsk
 constexpr size_t kHeaderBytes = 64;
 constexpr size_t kNonceBytes = 32;
 constexpr size_t kMacBytes = 32;
@@ -30,7 +30,11 @@ enum class FrameType : uint8_t {
 constexpr uint8_t kFlagPayloadCrc = 1;
 constexpr uint8_t kFlagAbort = 2;   // data, empty: the sender abandoned this message (send cancelled)
 constexpr uint8_t kFlagEager = 4;   // data: an eager send (complete at the sender): its ack may wait
-constexpr uint8_t kKnownFlags = kFlagPayloadCrc | kFlagAbort | kFlagEager;
+// data: the sender asks for this chunk's ack at the end of the receiver's read pass (its
+// window is half full, the message ends here, or it is a resend). Other chunks are acked
+// once read_pass_bytes of them wait, or at the tick.
+constexpr uint8_t kFlagAckAsk = 8;
+constexpr uint8_t kKnownFlags = kFlagPayloadCrc | kFlagAbort | kFlagEager | kFlagAckAsk;
 
 struct FrameHeader {
   FrameType type = FrameType::kData;

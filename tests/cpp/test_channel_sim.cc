@@ -208,6 +208,7 @@ class Sim {
     if (up(1, r)) core_[1]->fail_rail(r, FailReason::kReplaced, "replaced", now_);
     conns_[r] = Conn();
     unacked_[0][r] = unacked_[1][r] = 0;
+    asked_[0][r] = asked_[1][r] = false;
     log("rail " + std::to_string(r) + " connects");
     int first = static_cast<int>(rng_.below(2));
     core_[first]->rail_up(r, now_);
@@ -299,15 +300,19 @@ class Sim {
     }
     rx.got = n;
     const bool counted = rx.h.type == FrameType::kData && !(rx.h.flags & kFlagEager);
-    if (rl.acks.empty()) unacked_[side][r] = 0;   // flushed meanwhile (a tick, a heartbeat)
+    if (rl.acks.empty()) unacked_[side][r] = 0, asked_[side][r] = false;   // flushed meanwhile (a tick, a heartbeat)
     core_[side]->on_frame(r, now_);
     if (counted && up(side, r)) unacked_[side][r] = rl.acks.empty() ? 0 : unacked_[side][r] + n;
+    if (counted && up(side, r) && (rx.h.flags & kFlagAckAsk) && !rl.acks.empty()) asked_[side][r] = true;
     // The reader leaves the rail: read dry, or at the end of a pass with more still waiting.
     // Data read and not acknowledged must not pile up past read_pass_bytes either way.
     if (up(side, r) && (conns_[r].pipe[1 - side].empty() || rng_.chance(0.5))) {
       const bool dry = conns_[r].pipe[1 - side].empty() || rng_.chance(0.5);
       core_[side]->rx_pass_end(r, now_, dry);
-      if (rl.acks.empty()) unacked_[side][r] = 0;
+      if (rl.acks.empty()) unacked_[side][r] = 0, asked_[side][r] = false;
+      if (up(side, r) && asked_[side][r])
+        fail("side " + std::to_string(side) + " rail " + std::to_string(r) +
+             " ended a read pass without the ack its sender asked for");
       if (up(side, r) && unacked_[side][r] >= set_.read_pass_bytes)
         fail("side " + std::to_string(side) + " rail " + std::to_string(r) + " ended a read pass with " +
              std::to_string(unacked_[side][r]) + " data bytes unacknowledged");
@@ -605,6 +610,7 @@ class Sim {
   std::vector<uint8_t> held_[2][kRailsMax];
   bool holding_[2][kRailsMax] = {};
   uint64_t unacked_[2][kRailsMax] = {};   // data bytes read on a rail while its acks were pending
+  bool asked_[2][kRailsMax] = {};         // a chunk read on it asked for its ack (kFlagAckAsk)
   bool in_kick_[2][kRailsMax] = {};
   int redials_[2] = {0, 0};
   int corruptions_ = 0, dups_ = 0;

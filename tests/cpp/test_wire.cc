@@ -135,7 +135,7 @@ void test_layout() {
   FrameHeader h = valid_header(FrameType::kData, false);
   const Bytes b = encode(h);
   Bytes want(kHeaderBytes, 0);
-  const uint8_t prefix[] = {'R', '2', 'C', 'C', 1, 0, 5, kFlagPayloadCrc};
+  const uint8_t prefix[] = {'R', '2', 'C', 'C', 2, 0, 5, kFlagPayloadCrc};
   std::memcpy(want.data(), prefix, sizeof prefix);
   store_le32(want.data() + 8, h.payload_len);
   store_le64(want.data() + 16, h.seq);
@@ -243,8 +243,8 @@ void test_corrupt_fields() {
     expect_reject(b, kLim, "magic", "byte-swapped magic");
   }
 
-  // Version: anything but 1.
-  for (uint16_t v : {uint16_t(0), uint16_t(2), uint16_t(0x0100), uint16_t(0x0101), uint16_t(0xFFFF)}) {
+  // Version: anything but this build's (2), including the one before it (1: no ack-ask flag).
+  for (uint16_t v : {uint16_t(0), uint16_t(1), uint16_t(3), uint16_t(0x0200), uint16_t(0x0101), uint16_t(0xFFFF)}) {
     Bytes b = encode(base);
     b[4] = uint8_t(v & 0xff);
     b[5] = uint8_t(v >> 8);
@@ -293,6 +293,14 @@ void test_corrupt_fields() {
     FrameHeader h = valid_header(t, false);
     h.flags = kFlagAbort;
     expect_reject(h, kLim, "abort", "abort flag on type " + std::to_string(static_cast<int>(t)));
+    h.flags = kFlagAckAsk;
+    expect_reject(h, kLim, "ack-ask", "ack-ask flag on type " + std::to_string(static_cast<int>(t)));
+  }
+  {
+    FrameHeader h = valid_header(FrameType::kData, false), got;
+    h.flags = kFlagAckAsk | kFlagPayloadCrc;
+    check(decode_header(encode(h).data(), kLim, &got).empty() && got.flags == h.flags,
+          "a data chunk that asks for its ack is valid and keeps the flag");
   }
   {
     FrameHeader h = valid_header(FrameType::kData, false);
@@ -405,7 +413,8 @@ void test_corrupt_fields() {
 void check_accepted_invariants(const Bytes& b, const FrameHeader& h, const WireLimits& lim, const char* what) {
   const int t = static_cast<int>(h.type);
   bool ok = t >= 1 && t <= 10 && (h.flags & ~kKnownFlags) == 0 &&
-            (!(h.flags & kFlagAbort) || h.type == FrameType::kData);
+            (!(h.flags & kFlagAbort) || h.type == FrameType::kData) &&
+            (!(h.flags & kFlagAckAsk) || h.type == FrameType::kData);
   switch (h.type) {
     case FrameType::kData:
       ok = ok && h.payload_len <= lim.max_chunk_bytes && h.msg_len <= lim.max_message_bytes &&
@@ -438,8 +447,8 @@ void test_robustness() {
     Bytes b(kHeaderBytes);
     for (size_t j = 0; j < kHeaderBytes; j += 8) store_le64(b.data() + j, rnd());
     store_le32(b.data(), kWireMagic);
-    b[4] = 1;
-    b[5] = 0;
+    b[4] = uint8_t(kWireVersion & 0xff);
+    b[5] = uint8_t(kWireVersion >> 8);
     if (rnd() & 1) {
       b[6] = uint8_t(1 + rnd() % 9);
       b[7] &= kFlagPayloadCrc;
