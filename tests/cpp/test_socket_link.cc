@@ -96,6 +96,16 @@ Frame make_frame(std::mt19937& rng, size_t len, uint32_t seq) {
   return f;
 }
 
+// A send of frame `f` under `cookie`.
+SendPost post_of(const Frame& f, uint64_t cookie) {
+  SendPost s;
+  s.header = f.hdr;
+  s.payload = f.payload.data();
+  s.payload_len = f.payload.size();
+  s.cookie = cookie;
+  return s;
+}
+
 // One direction's state: frames to send from `tx`, frames arriving on `rx` checked against
 // `expect`. Receive space is posted in pieces of at most `piece`.
 struct Flow {
@@ -116,12 +126,7 @@ struct Flow {
   void send_step() {
     while (sent < frames.size()) {
       if (!posted) {
-        SendPost p;
-        p.header = frames[next_post].hdr;
-        p.payload = frames[next_post].payload.data();
-        p.payload_len = frames[next_post].payload.size();
-        p.cookie = next_post + 1;
-        tx->post_send(p);
+        tx->post_send(post_of(frames[next_post], next_post + 1));
         posted = true;
       }
       LinkCompletion c = tx->poll_send(budget);
@@ -214,12 +219,7 @@ void test_drop_and_move(int threads, const std::string& what) {
   std::mt19937 rng(7);
   Frame big = make_frame(rng, 8 << 20, 1), small = make_frame(rng, 1000, 2);
   std::vector<uint8_t> copy = big.payload;
-  SendPost s;
-  s.header = big.hdr;
-  s.payload = big.payload.data();
-  s.payload_len = big.payload.size();
-  s.cookie = 1;
-  p.a->post_send(s);
+  p.a->post_send(post_of(big, 1));
   p.a->poll_send();
   check(p.a->move_payload(1, copy.data()), what + ": a posted payload can move");
   std::fill(big.payload.begin(), big.payload.end(), 0xEE);   // the original is the caller's again
@@ -234,11 +234,7 @@ void test_drop_and_move(int threads, const std::string& what) {
       LinkCompletion c = p.a->poll_send();
       if (c.kind == LinkCompletion::kSent) {
         sent_big = true;
-        s.header = small.hdr;
-        s.payload = small.payload.data();
-        s.payload_len = small.payload.size();
-        s.cookie = 2;
-        p.a->post_send(s);
+        p.a->post_send(post_of(small, 2));
         small_posted = 1;
       }
     }
@@ -343,12 +339,7 @@ void test_wake_when_piece_whole() {
   if (!p.b) return;
   std::mt19937 rng(7);
   Frame big = make_frame(rng, 512 << 10, 1), small = make_frame(rng, 4096, 2);
-  SendPost s;
-  s.header = big.hdr;
-  s.payload = big.payload.data();
-  s.payload_len = big.payload.size();
-  s.cookie = 1;
-  p.a->post_send(s);
+  p.a->post_send(post_of(big, 1));
   check(send_some(*p.a, kHb + (100 << 10)), what + ": the first 100 KiB are written");
   std::vector<uint8_t> dst(big.payload.size());
   LinkCompletion c;
@@ -380,11 +371,7 @@ void test_wake_when_piece_whole() {
     if (c.kind == LinkCompletion::kNone) wait_on(*p.b, false, 10);
   }
   check(c.kind == LinkCompletion::kPayload && dst == big.payload, what + ": the piece lands whole and exact");
-  s.header = small.hdr;
-  s.payload = small.payload.data();
-  s.payload_len = small.payload.size();
-  s.cookie = 2;
-  p.a->post_send(s);
+  p.a->post_send(post_of(small, 2));
   check(send_some(*p.a, kHb + small.payload.size()), what + ": a small frame is written");
   check(readable_within(*p.b, 2000), what + ": a small frame after it wakes the reader");
 }
