@@ -13,6 +13,9 @@ one Linux machine, from network namespaces, veth pairs, bridges and tbf rate lim
                                failure); 'degrade HOST NIC base' ends it
   degrade HOST NIC RATE|base   re-shape both directions of that NIC; base: the bed's own rate
   status [--json]              namespaces, addresses, link state, qdiscs
+  vm up|down|run|fail|heal|status ...
+                               the verbs test bed: two emulated guests with Soft-RoCE NICs
+                               (testbed_vm.py; `vm help`)
   run [--timeout S] HOST [--] CMD...
                                run CMD as host HOST (an index or a name such as r2h0): inside
                                its namespace, with its own hostname (the namespace name) and a
@@ -662,6 +665,10 @@ def add_args(parser: argparse.ArgumentParser) -> None:
         p.add_argument(arg.lower(), metavar=arg)
     p = add("status", "namespaces, addresses, link state, qdiscs")
     p.add_argument("--json", action="store_true", help="machine-readable")
+    p = sub.add_parser("vm", help="the verbs test bed: emulated guests with Soft-RoCE NICs (testbed_vm.py)",
+                       description="the verbs test bed: up GUESTS NICS, down, run, fail, heal, status "
+                                   "(`vm help` for the whole text)", add_help=False)
+    p.add_argument("vm_args", metavar="ARGS", nargs=argparse.REMAINDER)
     p = add("run", "run CMD as host HOST (own hostname, private /etc/hosts); exits with CMD's status")
     p.add_argument("--timeout", metavar="S", default=None, help="end CMD after S seconds (exit status 124)")
     p.add_argument("host", metavar="HOST", help="index or namespace name (r2h0)")
@@ -741,7 +748,16 @@ def _main_run(a) -> int:
         raise BedError(f"{argv[0]}: {e.strerror}") from None
 
 
-_HANDLERS = {"up": _main_up, "down": _main_down, "fail": _main_link, "heal": _main_link,
+def _main_vm(a) -> int:
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("r2ccl_testbed_vm", os.path.join(os.path.dirname(_THIS_FILE),
+                                                                                  "testbed_vm.py"))
+    vm = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(vm)
+    return vm.main(list(a.vm_args))
+
+
+_HANDLERS = {"vm": _main_vm, "up": _main_up, "down": _main_down, "fail": _main_link, "heal": _main_link,
              "blackhole": _main_link, "flap": _main_flap, "degrade": _main_degrade,
              "status": _main_status, "run": _main_run}
 
