@@ -39,7 +39,6 @@ import glob
 import gzip
 import json
 import os
-import re
 import shlex
 import shutil
 import signal
@@ -61,12 +60,21 @@ PACKAGES = "qemu-system-x86 linux-image-amd64 rdma-core ibverbs-providers ibverb
 _RXE = "kernel/drivers/infiniband/sw/rxe/rdma_rxe.ko"
 
 
-class VmError(RuntimeError):
-    """A guest test-bed operation failed (the CLI exits 1)."""
+def _load_testbed():
+    """testbed.py, by path (both files run by path, as root): its errors and helpers are shared."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("r2ccl_testbed_for_vm",
+                                                  os.path.join(os.path.dirname(os.path.abspath(__file__)), "testbed.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 
-class VmUsageError(VmError, ValueError):
-    """A bad argument, or not root (the CLI exits 2)."""
+_tb = _load_testbed()
+VmError = _tb.BedError               # a guest test-bed operation failed (the CLI exits 1)
+VmUsageError = _tb.BedUsageError     # a bad argument, or not root (the CLI exits 2)
+_tool = _tb._tool
+_int = _tb._int
 
 
 # ---------------------------------------------------------------------------------- helpers
@@ -80,10 +88,6 @@ def _port_base() -> int:
     if not raw.isdigit() or not 1024 <= int(raw) <= 65000:
         raise VmUsageError(f"TB_VM_PORT must be a port 1024..65000, not {raw!r}")
     return int(raw)
-
-
-def _tool(name: str) -> str | None:
-    return shutil.which(name, path=os.environ.get("PATH", "") + os.pathsep + "/usr/sbin:/sbin:/usr/bin:/bin")
 
 
 def _kernel() -> tuple[str, str] | None:
@@ -122,16 +126,6 @@ def why_unavailable() -> str | None:
     if not _tool("ibv_devices"):
         return f"rdma-core's tools are not installed (Debian: ibverbs-utils; all of: {PACKAGES})"
     return None
-
-
-def _int(name: str, value, lo: int, hi: int) -> int:
-    try:
-        v = int(value)
-    except (TypeError, ValueError):
-        raise VmUsageError(f"{name} must be an integer {lo}..{hi}, not {value!r}") from None
-    if not lo <= v <= hi:
-        raise VmUsageError(f"{name} must be {lo}..{hi}, not {v}")
-    return v
 
 
 def _load(required: bool = True) -> dict | None:
@@ -273,7 +267,7 @@ def up(guests=GUESTS, nics=2) -> dict:
     d = _dir()
     os.makedirs(d, exist_ok=True)
     _initrd(os.path.join(d, "initrd.gz"), release)
-    st = {"guests": guests, "nics": nics, "kernel": vmlinuz, "port_base": base, "pids": [], "dir": d}
+    st = {"guests": guests, "nics": nics, "kernel": vmlinuz, "port_base": base, "pids": []}
     for g in range(guests):
         share = os.path.join(d, f"g{g}")
         os.makedirs(os.path.join(share, "cmd"), exist_ok=True)
@@ -354,7 +348,7 @@ def submit(guest, cmd: str, timeout: float = 60.0) -> str:
     if not 0 < timeout <= 3600:
         raise VmUsageError(f"timeout must be 0 < S <= 3600, not {timeout}")
     cid = f"c{os.getpid()}-{next(_ids)}"
-    d = os.path.join(st["dir"], f"g{g}", "cmd")
+    d = os.path.join(_dir(), f"g{g}", "cmd")
     tmp = os.path.join(d, f".{cid}.tmp")
     with open(tmp, "w") as f:
         f.write(f"# timeout {int(timeout + 0.999)}\n{cmd}\n")
@@ -367,7 +361,7 @@ def wait(guest, cid: str, timeout: float = 60.0) -> tuple[int, str]:
     guest ends it by its own timeout)."""
     st = _load()
     g = _guest(st, guest)
-    d = os.path.join(st["dir"], f"g{g}", "cmd")
+    d = os.path.join(_dir(), f"g{g}", "cmd")
     deadline = time.monotonic() + timeout + 10
     while not os.path.exists(os.path.join(d, f"{cid}.rc")):
         if time.monotonic() > deadline:
