@@ -1,6 +1,6 @@
 """Every R2CCL_* setting in one table: name, field, type, doc. Defaults are not written here
 for the settings the C++ core has (csrc/base/config.h is their one source; they are read back
-through _core.config_defaults()); the Python-only settings (NICs, NIC affinity, transport,
+through _core.config_defaults()); the Python-only settings (NICs, NIC affinity,
 bootstrap timeout, secret) carry theirs in their row, and R2CCL_DEBUG's is the name of the core's
 default log level. `Config` is generated from the table: `Config.from_env()` reads the
 environment, keyword arguments override, and `to_core()` hands the result to the C++ struct.
@@ -76,8 +76,17 @@ SETTINGS: tuple[Setting, ...] = (
             "An explicit R2CCL_NICS is used exactly as given.",
             default="auto"),
     Setting("R2CCL_TRANSPORT", "transport", str,
-            "Transport backend: socket (TCP). ibverbs is not built yet.",
-            default="socket"),
+            "Transport per NIC: socket (TCP), ibverbs (RDMA verbs, RoCE or InfiniBand: every NIC must map "
+            "to an ACTIVE RDMA port, else an error names it) or auto (ibverbs on the NICs that map to "
+            "an ACTIVE RDMA port, sockets elsewhere). Every rank must reach the same choice for a NIC "
+            "pair. `jax-r2ccl doctor` shows the NIC-to-port map."),
+    Setting("R2CCL_IB_TIMEOUT", "ib_timeout", int,
+            "Verbs ACK timeout exponent (1..31): 4.096 us x 2^this per try; with R2CCL_IB_RETRY_COUNT "
+            "retries it bounds how long a dead path takes to error a queue pair (the default: about "
+            "0.5 s; NCCL's 20 and 7 take 34 s). Heartbeats and port events usually find it first."),
+    Setting("R2CCL_IB_RETRY_COUNT", "ib_retry_count", int, "Verbs transport retries (0..7) before a queue pair errors."),
+    Setting("R2CCL_IB_GID_INDEX", "ib_gid_index", int,
+            "RoCE GID index (-1: the RoCEv2 GID that holds the NIC's IPv4 address)."),
     Setting("R2CCL_CHUNK_BYTES", "chunk_bytes", int,
             f"Largest payload per chunk ({_size(CONSTANTS['min_chunk_bytes'])} to "
             f"{_size(CONSTANTS['max_chunk_bytes'])}); a rail's chunks are a quarter of its window, "
@@ -234,9 +243,8 @@ class _ConfigMethods:
         return out
 
     def check(self) -> None:
-        if self.transport not in ("socket", "auto"):
-            raise R2cclError(f"R2CCL_TRANSPORT={self.transport!r}: only 'socket' is built "
-                             "(ibverbs is planned)")
+        if self.transport not in _NAMES["transports"]:
+            raise R2cclError(f"R2CCL_TRANSPORT={self.transport!r}: use {_one_of(_NAMES['transports'])}")
         if self.nic_affinity not in ("auto", "off"):
             raise R2cclError(f"R2CCL_NIC_AFFINITY={self.nic_affinity!r}: use auto or off")
         if self.debug.upper() not in _LEVELS:

@@ -107,3 +107,71 @@ def run_ranks(func: str, world: int, *, nics=None, config: dict | None = None, a
                 raise RankFailed("\n".join(f"rank {i}: {r['cause']}: {r['error']}\n{r['output'][-2000:]}"
                                            for i, r in bad))
         return results
+
+
+def run_ranks_vm(func: str, *, nics: list, config: dict | None = None, args: dict | None = None,
+                 timeout: float = 120.0, expect_fail: bool = False, may_die=(), on_file: dict | None = None,
+                 env: dict | None = None) -> list[dict]:
+    """run_ranks across the verbs test bed (jax_r2ccl/tools/testbed_vm.py): rank g runs in
+    guest g, with `nics`[g] (a list per rank), bootstrapping through the guests' common share.
+    `on_file`: {name: callable} run on the host (once, in a thread) when a rank creates the
+    file `name` in the job's shared folder; a worker's fault_cmd can `touch` it, so the host
+    cuts a NIC from outside at the moment the worker chooses. {SHARED} in a string of `args`
+    is that folder's path in the guests."""
+    import threading
+    import uuid
+    from jax_r2ccl.tools import testbed_vm as vm
+    world = len(nics)
+    cfg = dict(FAST)
+    cfg.update(config or {})
+    tag = f"job-{uuid.uuid4().hex[:12]}"
+    host_dir = os.path.join(vm.common_dir(), tag)
+    guest_dir = f"{vm.GUEST_COMMON}/{tag}"
+    os.makedirs(host_dir)
+    a = json.loads(json.dumps(args or {}).replace("{SHARED}", guest_dir))
+    ids = []
+    for rank in range(world):
+        spec = {"func": func, "rank": rank, "world": world, "kv": f"{guest_dir}/kv", "nics": nics[rank],
+                "config": cfg, "args": a, "out": f"{guest_dir}/out{rank}.json"}
+        with open(os.path.join(host_dir, f"spec{rank}.json"), "w") as f:
+            json.dump(spec, f)
+        envs = " ".join(f"{k}={v}" for k, v in (env or {}).items())
+        cmd = (f"cd {ROOT}/tests && {envs} PYTHONPATH={_package_parent()} {sys.executable} "
+               f"{ROOT}/tests/rank_main.py {guest_dir}/spec{rank}.json")
+        ids.append(vm.submit(rank, cmd, timeout))
+    stop = threading.Event()
+    fired = {}
+
+    def watch():
+        while not stop.is_set():
+            for name, fn in (on_file or {}).items():
+                if name not in fired and os.path.exists(os.path.join(host_dir, name)):
+                    fired[name] = time.time()
+                    fn()
+            stop.wait(0.005)
+    w = threading.Thread(target=watch, daemon=True)
+    w.start()
+    outputs = []
+    try:
+        for rank in range(world):
+            outputs.append(vm.wait(rank, ids[rank], timeout)[1])
+    finally:
+        stop.set()
+        w.join()
+    results = []
+    for i in range(world):
+        try:
+            with open(os.path.join(host_dir, f"out{i}.json")) as f:
+                results.append(json.load(f))
+        except FileNotFoundError:
+            if i in may_die:
+                results.append({"ok": False, "died": True, "error": "", "cause": "died", "peer": -1})
+            else:
+                raise RankFailed(f"{func}: rank {i} (guest {i}) left no result\n{outputs[i][-3000:]}") from None
+        results[-1]["output"] = outputs[i]
+        results[-1]["fired"] = fired
+    if not expect_fail:
+        bad = [(i, r) for i, r in enumerate(results) if not r["ok"] and not r.get("died")]
+        if bad:
+            raise RankFailed("\n".join(f"rank {i}: {r['cause']}: {r['error']}\n{r['output'][-2000:]}" for i, r in bad))
+    return results

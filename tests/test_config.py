@@ -34,7 +34,9 @@ def test_every_setting_is_a_config_field_and_reaches_the_core():
     ({"R2CCL_RAIL_WINDOW_BYTES": "2048"}, "R2CCL_RAIL_WINDOW_BYTES"),
     ({"R2CCL_CRC": "maybe"}, "R2CCL_CRC"),
     ({"R2CCL_TIMEOUT": "-1"}, "R2CCL_TIMEOUT"),
-    ({"R2CCL_TRANSPORT": "ibverbs"}, "R2CCL_TRANSPORT"),
+    ({"R2CCL_TRANSPORT": "rdma"}, "R2CCL_TRANSPORT"),
+    ({"R2CCL_IB_TIMEOUT": "0"}, "R2CCL_IB_TIMEOUT"),
+    ({"R2CCL_IB_RETRY_COUNT": "8"}, "R2CCL_IB_RETRY_COUNT"),
     ({"R2CCL_DEBUG": "LOUD"}, "R2CCL_DEBUG"),
     ({"R2CCL_PORT": "70000"}, "R2CCL_PORT"),
 ])

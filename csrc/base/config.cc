@@ -14,6 +14,12 @@ std::string Config::validate() const {
     return bad("R2CCL_RAIL_WINDOW_BYTES", "must be at least R2CCL_CHUNK_BYTES");
   if (rail_queue_ms < 1 || rail_queue_ms > 10000) return bad("R2CCL_RAIL_QUEUE_MS", "must be 1..10000");
   if (conns_per_nic < 1 || conns_per_nic > 16) return bad("R2CCL_CONNS_PER_NIC", "must be 1..16");
+  bool known = false;
+  for (const char* t : kTransportNames) known = known || transport == t;
+  if (!known) return bad("R2CCL_TRANSPORT", "must be socket, ibverbs or auto (got '" + transport + "')");
+  if (ib_timeout < 1 || ib_timeout > 31) return bad("R2CCL_IB_TIMEOUT", "must be 1..31");
+  if (ib_retry_count < 0 || ib_retry_count > 7) return bad("R2CCL_IB_RETRY_COUNT", "must be 0..7");
+  if (ib_gid_index < -1 || ib_gid_index > 255) return bad("R2CCL_IB_GID_INDEX", "must be -1 (auto) or 0..255");
   if (io_threads < -1 || io_threads > kIoThreadsMax)
     return bad("R2CCL_IO_THREADS", "must be -1 (auto), 0 or 1.." + std::to_string(kIoThreadsMax));
   if (!(timeout_s > 0)) return bad("R2CCL_TIMEOUT", "must be > 0 seconds");

@@ -38,11 +38,19 @@ inline constexpr int kIoThreadsMax = 64;
 // one NIC a thread only adds a hand-over (BENCHMARKS.md, issue 14).
 inline constexpr int kIoCpusPerNic = 2;
 
+// R2CCL_TRANSPORT's values. auto: verbs on every NIC that maps to an ACTIVE RDMA port,
+// sockets elsewhere. Exported to Python as _core.names()["transports"].
+inline constexpr const char* kTransportNames[] = {"socket", "ibverbs", "auto"};
+
 struct Config {
   uint64_t chunk_bytes = 256 << 10;          // R2CCL_CHUNK_BYTES: largest payload per data frame
   uint64_t rail_window_bytes = 4 << 20;      // R2CCL_RAIL_WINDOW_BYTES: most unacked bytes one rail may hold
   int rail_queue_ms = 10;                    // R2CCL_RAIL_QUEUE_MS: a rail's window = its bandwidth x this (+ its RTT)
   int conns_per_nic = 1;                     // R2CCL_CONNS_PER_NIC: TCP connections per NIC pair
+  std::string transport = "auto";            // R2CCL_TRANSPORT: socket, ibverbs or auto (kTransportNames)
+  int ib_timeout = 14;                       // R2CCL_IB_TIMEOUT: verbs ACK timeout exponent (4.096 us x 2^this per try)
+  int ib_retry_count = 7;                    // R2CCL_IB_RETRY_COUNT: verbs transport retries before a QP errors
+  int ib_gid_index = -1;                     // R2CCL_IB_GID_INDEX: RoCE GID index (-1: the NIC's IPv4 RoCEv2 GID)
   int io_threads = -1;                       // R2CCL_IO_THREADS: socket I/O threads (-1: auto, 0: the progress thread)
   double timeout_s = 30.0;                   // R2CCL_TIMEOUT: all rails down / no progress -> error
   int mismatch_ms = 2000;                    // R2CCL_MISMATCH_MS: a peer evidently in another collective this long -> mismatch

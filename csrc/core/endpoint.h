@@ -20,6 +20,7 @@ struct RailStats {
   int local_nic = 0, remote_nic = 0;
   std::string local_nic_name, local_addr, remote_addr;
   std::string state;            // "connecting", "handshake", "up", "down"
+  std::string transport;        // "socket" or "ibverbs": what carries this rail
   double weight = 1.0;
   uint64_t tx_bytes = 0, rx_bytes = 0;       // payload bytes written / applied
   uint64_t tx_chunks = 0, rx_chunks = 0;
@@ -76,7 +77,8 @@ class Endpoint : public std::enable_shared_from_this<Endpoint> {
 
   int rank() const;                             // any thread
   int world() const;                            // any thread
-  std::vector<std::string> addresses() const;   // "ip:port", one per NIC, in NIC order; any thread
+  std::vector<std::string> addresses() const;   // "ip:port" ("ibverbs:ip:port"), one per NIC, in NIC order; any thread
+  std::vector<std::string> transports() const;  // "socket" or "ibverbs", one per NIC, in NIC order; any thread
 
   // Declares a peer and its listen addresses (its addresses()); rails start connecting.
   void add_peer(int peer, const std::vector<std::string>& addresses);

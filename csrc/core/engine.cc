@@ -19,6 +19,7 @@
 #include "base/log.h"
 #include "core/digest.h"
 #include "core/engine_internal.h"
+#include "net/ibverbs/verbs_transport.h"
 
 namespace r2ccl {
 
@@ -105,6 +106,7 @@ Engine::Engine(const Config& cfg, int rank, int world, const std::vector<std::st
   scratch_.resize(256 << 10);
   io_threads_ = resolve_io_threads(cfg.io_threads, nics_.size());
   tp_ = make_socket_transport(io_threads_);
+  choose_transports();
   R2_INFO("socket I/O: %s", io_threads_ ? (std::to_string(io_threads_) + " I/O thread(s)").c_str() : "on the progress thread");
 
   // Two sets: epfd_ holds every socket (links, handshakes, listeners) and is what callers on
@@ -125,13 +127,13 @@ Engine::Engine(const Config& cfg, int rank, int world, const std::vector<std::st
   }
   for (size_t i = 0; i < nics_.size(); i++) {
     int port = cfg.port > 0 ? cfg.port + static_cast<int>(i) : 0;
-    listeners_.push_back(tp_->listen(nics_[i], port, linkopt_));
+    listeners_.push_back(nic_tp_[i]->listen(nics_[i], port, linkopt_));
     auto p = std::make_unique<Pollable>();
     p->kind = Pollable::kListener;
     p->index = static_cast<int>(i);
     epoll_add(listeners_.back()->wait_fd(), p.get(), EPOLLIN);
     listener_polls_.push_back(std::move(p));
-    addresses_.push_back(listeners_.back()->local_addr().str());
+    addresses_.push_back((nic_tp_[i] == tp_.get() ? "" : kVerbsAddrPrefix) + listeners_.back()->local_addr().str());
   }
   thread_ = std::thread([this] {
     name_this_thread("r2ccl-engine");
@@ -242,13 +244,49 @@ Peer* Engine::peer(int rank) {
   return it->second.get();
 }
 
+// R2CCL_TRANSPORT per NIC: socket everywhere; ibverbs everywhere (a NIC without an ACTIVE
+// RDMA port is an error naming it); auto: ibverbs where the NIC has one, else socket.
+void Engine::choose_transports() {
+  VerbsOptions vo;
+  vo.gid_index = cfg_.ib_gid_index;
+  vo.timeout = cfg_.ib_timeout;
+  vo.retry_count = cfg_.ib_retry_count;
+  vo.bootstrap_timeout_ms = cfg_.connect_timeout_ms;
+  std::vector<bool> verbs(nics_.size(), false);
+  if (cfg_.transport != "socket") {
+    for (size_t i = 0; i < nics_.size(); i++) {
+      std::string why;
+      verbs[i] = verbs_serves(nics_[i], vo, &why);
+      if (!verbs[i] && cfg_.transport == "ibverbs")
+        throw Error(Cause::kSystem, -1, "R2CCL_TRANSPORT=ibverbs: NIC " + nics_[i].name + ": " + why);
+      if (!verbs[i]) R2_INFO("NIC %s: sockets (%s)", nics_[i].name.c_str(), why.c_str());
+    }
+  }
+  if (std::count(verbs.begin(), verbs.end(), true)) vtp_ = make_verbs_transport(vo);
+  for (size_t i = 0; i < nics_.size(); i++) {
+    nic_tp_.push_back(verbs[i] ? vtp_.get() : tp_.get());
+    if (verbs[i]) R2_INFO("NIC %s: ibverbs", nics_[i].name.c_str());
+  }
+}
+
+std::vector<std::string> Engine::transports() const {
+  std::vector<std::string> out;
+  for (auto* t : nic_tp_) out.push_back(t->name());
+  return out;
+}
+
 void Engine::add_peer(int peer, const std::vector<std::string>& addrs) {
   if (peer < 0 || peer >= world_ || peer == rank_)
     throw Error(Cause::kInvalidArgument, peer, "peer rank " + std::to_string(peer) + " is invalid for rank " +
                                                    std::to_string(rank_) + " of " + std::to_string(world_));
   if (addrs.empty()) throw Error(Cause::kInvalidArgument, peer, "peer has no addresses");
   std::vector<NetAddr> remote;
-  for (auto& a : addrs) remote.push_back(NetAddr::parse(a));
+  std::vector<bool> remote_verbs;
+  for (auto& a : addrs) {
+    const bool v = a.compare(0, std::strlen(kVerbsAddrPrefix), kVerbsAddrPrefix) == 0;
+    remote_verbs.push_back(v);
+    remote.push_back(NetAddr::parse(v ? a.substr(std::strlen(kVerbsAddrPrefix)) : a));
+  }
   call([&] {
     if (peers_.count(peer)) throw Error(Cause::kInvalidArgument, peer, "peer added twice");
     auto pr = std::make_unique<Peer>();
@@ -265,6 +303,14 @@ void Engine::add_peer(int peer, const std::vector<std::string>& addrs) {
       size_t p = i % pairs;
       int local = static_cast<int>(p % n_local), rem = static_cast<int>(p % n_remote);
       nic_pairs.push_back({local, rem});
+      const bool mine = nic_tp_[static_cast<size_t>(local)] != tp_.get();
+      if (mine != remote_verbs[static_cast<size_t>(rem)])
+        throw Error(Cause::kInvalidArgument, peer,
+                    "rail " + std::to_string(i) + " to rank " + std::to_string(peer) + ": our NIC " + nics_[local].name +
+                        " uses " + (mine ? "ibverbs" : "socket") + ", the peer's NIC " + remote[rem].str() + " uses " +
+                        (mine ? "socket" : "ibverbs") +
+                        "; every rank must pick the same transport for a NIC pair (set R2CCL_TRANSPORT=socket on "
+                        "every rank, or give every rank RDMA ports on these NICs)");
       names.push_back("rail " + std::to_string(i) + " to rank " + std::to_string(peer) + " (" + nics_[local].name +
                       " " + nics_[local].addr_str() + " -> " + remote[rem].str() + ")");
       auto l = std::make_unique<Link>();
@@ -609,7 +655,7 @@ bool Engine::probe_refused(Peer& pr) {
     const Rail& r = pr.rail(l->index);
     std::unique_ptr<FrameLink> c;
     try {
-      c = tp_->connect(nics_[r.local_nic], pr.remote[r.remote_nic], linkopt_);
+      c = rail_transport(r).connect(nics_[r.local_nic], pr.remote[r.remote_nic], linkopt_);
     } catch (const Error&) {
       continue;
     }
@@ -644,6 +690,7 @@ std::vector<RailStats> Engine::stats(int rank) {
       s.local_nic_name = nics_[r.local_nic].name;
       s.local_addr = nics_[r.local_nic].addr_str();
       s.remote_addr = pr.remote[r.remote_nic].str();
+      s.transport = rail_transport(r).name();
       s.state = rail_state_name(r.state);
       s.weight = r.weight;
       s.tx_bytes = r.tx_bytes;
@@ -896,6 +943,7 @@ Endpoint::~Endpoint() = default;
 int Endpoint::rank() const { return engine_->rank(); }
 int Endpoint::world() const { return engine_->world(); }
 std::vector<std::string> Endpoint::addresses() const { return engine_->addresses(); }
+std::vector<std::string> Endpoint::transports() const { return engine_->transports(); }
 void Endpoint::add_peer(int peer, const std::vector<std::string>& a) { engine_->add_peer(peer, a); }
 
 void Endpoint::wait_ready(const std::vector<int>& peers, double timeout_s, double degraded_after_s) {

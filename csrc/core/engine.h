@@ -110,6 +110,8 @@ class Engine {
   int rank() const { return rank_; }
   int world() const { return world_; }
   int io_threads() const { return io_threads_; }
+  // Each local NIC's transport ("socket" or "ibverbs"), in NIC order.
+  std::vector<std::string> transports() const;
   std::vector<std::string> addresses() const { return addresses_; }
   const Config& config() const { return cfg_; }
 
@@ -198,6 +200,7 @@ class Engine {
   Peer* peer(int rank);
   void check_peer_gone(Peer& pr, int64_t now);
   bool probe_refused(Peer& pr);
+  void choose_transports();   // nic_tp_ (and vtp_) from R2CCL_TRANSPORT, at construction
 
   Config cfg_;
   int rank_, world_;
@@ -207,7 +210,11 @@ class Engine {
   LinkOptions linkopt_;
   WireLimits limits_{};
   int io_threads_ = 0;             // the transport's I/O threads (R2CCL_IO_THREADS resolved)
-  std::unique_ptr<Transport> tp_;
+  std::unique_ptr<Transport> tp_;   // sockets: NICs R2CCL_TRANSPORT gives no RDMA port
+  std::unique_ptr<Transport> vtp_;  // verbs: made when some NIC uses it
+  std::vector<Transport*> nic_tp_;  // each local NIC's transport
+  // The transport of rail `r` (its local NIC's; add_peer made sure the peer's NIC agrees).
+  Transport& rail_transport(const Rail& r) const { return *nic_tp_[static_cast<size_t>(r.local_nic)]; }
   std::vector<std::unique_ptr<FrameListener>> listeners_;
   std::vector<std::unique_ptr<Pollable>> listener_polls_;
   std::vector<std::string> addresses_;

@@ -168,7 +168,7 @@ void Engine::start_connect(Peer& pr, Link& l) {
   l.epoch++;
   std::unique_ptr<FrameLink> link;
   try {
-    link = tp_->connect(nics_[r.local_nic], pr.remote[r.remote_nic], linkopt_);
+    link = rail_transport(r).connect(nics_[r.local_nic], pr.remote[r.remote_nic], linkopt_);
   } catch (const Error& e) {
     set_link(l, nullptr);
     attempt_failed(pr, l, e.what(), false);

@@ -107,6 +107,7 @@ nb::dict stats_dict(const RailStats& s) {
   d["nic"] = s.local_nic_name;
   d["local_addr"] = s.local_addr;
   d["remote_addr"] = s.remote_addr;
+  d["transport"] = s.transport;
   d["state"] = s.state;
   d["weight"] = s.weight;
   d["tx_bytes"] = s.tx_bytes;
@@ -150,6 +151,10 @@ NB_MODULE(_core, m) {
   config_field(config_cls, config_defaults, "rail_window_bytes", &Config::rail_window_bytes);
   config_field(config_cls, config_defaults, "rail_queue_ms", &Config::rail_queue_ms);
   config_field(config_cls, config_defaults, "conns_per_nic", &Config::conns_per_nic);
+  config_field(config_cls, config_defaults, "transport", &Config::transport);
+  config_field(config_cls, config_defaults, "ib_timeout", &Config::ib_timeout);
+  config_field(config_cls, config_defaults, "ib_retry_count", &Config::ib_retry_count);
+  config_field(config_cls, config_defaults, "ib_gid_index", &Config::ib_gid_index);
   config_field(config_cls, config_defaults, "timeout_s", &Config::timeout_s);
   config_field(config_cls, config_defaults, "heartbeat_ms", &Config::heartbeat_ms);
   config_field(config_cls, config_defaults, "heartbeat_misses", &Config::heartbeat_misses);
@@ -191,6 +196,7 @@ NB_MODULE(_core, m) {
         d["plans"] = name_list(coll::kPlanNames);
         d["causes"] = name_list(kCauseNames);
         d["log_levels"] = name_list(kLogLevelNames);
+        d["transports"] = name_list(kTransportNames);
         return d;
       },
       "The names of the core's enums, each list in enum order (a name's index is its value).");
@@ -229,6 +235,7 @@ NB_MODULE(_core, m) {
       .def_prop_ro("rank", &Endpoint::rank)
       .def_prop_ro("world", &Endpoint::world)
       .def_prop_ro("addresses", &Endpoint::addresses)
+      .def_prop_ro("transports", &Endpoint::transports)
       .def("add_peer", &Endpoint::add_peer, nb::arg("peer"), nb::arg("addresses"))
       .def(
           "wait_ready",

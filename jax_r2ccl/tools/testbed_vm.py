@@ -20,7 +20,9 @@ over 9p and chroots into it, so the guests run this machine's Python, venvs and 
 Guest g's NIC k is eth<k> with address 198.18.<k>.<g+1>/24 and RDMA device rxe_eth<k>
 (RoCEv2 GID index 1); the two guests' NIC k talk over UDP on 127.0.0.1 (no host network
 configuration). Commands reach a guest through its writable 9p share (an agent runs the
-files put in it), so the bed needs no network into the guests either.
+files put in it), so the bed needs no network into the guests either. A third share, the
+state folder's common/, is /mnt/common in every guest: what the guests' processes share
+(a bootstrap store, results).
 
 Debian packages: qemu-system-x86 linux-image-amd64 rdma-core ibverbs-providers ibverbs-utils
 busybox-static. Root only. Settings: TB_VM_DIR (the state folder, default
@@ -81,6 +83,14 @@ _int = _tb._int
 
 def _dir() -> str:
     return os.environ.get("TB_VM_DIR") or DEFAULT_DIR
+
+
+def common_dir() -> str:
+    """The folder every guest sees as /mnt/common (read-write): files the guests share."""
+    return os.path.join(_dir(), "common")
+
+
+GUEST_COMMON = "/mnt/common"
 
 
 def _port_base() -> int:
@@ -161,6 +171,8 @@ $B mount -t proc proc /proc; $B mount -t sysfs sys /sys; $B mount -t devtmpfs de
 for m in {mods}; do $B insmod /mods/$m || echo "r2ccl-vm: insmod $m failed"; done
 $B mount -t 9p -o trans=virtio,version=9p2000.L,ro hostroot /newroot || $B poweroff -f
 $B mount -t 9p -o trans=virtio,version=9p2000.L share /newroot/mnt || $B poweroff -f
+$B mkdir -p /newroot/mnt/common
+$B mount -t 9p -o trans=virtio,version=9p2000.L common /newroot/mnt/common || $B poweroff -f
 for d in tmp run var/tmp; do $B mount -t tmpfs tmpfs /newroot/$d; done
 for d in proc sys dev; do $B mount --move /$d /newroot/$d; done
 exec $B chroot /newroot /bin/sh /mnt/agent.sh
@@ -268,6 +280,8 @@ def up(guests=GUESTS, nics=2) -> dict:
     os.makedirs(d, exist_ok=True)
     _initrd(os.path.join(d, "initrd.gz"), release)
     st = {"guests": guests, "nics": nics, "kernel": vmlinuz, "port_base": base, "pids": []}
+    common = common_dir()
+    os.makedirs(common, exist_ok=True)
     for g in range(guests):
         share = os.path.join(d, f"g{g}")
         os.makedirs(os.path.join(share, "cmd"), exist_ok=True)
@@ -280,6 +294,8 @@ def up(guests=GUESTS, nics=2) -> dict:
                 "-device", "virtio-9p-pci,fsdev=root,mount_tag=hostroot",
                 "-fsdev", f"local,id=share,path={share},security_model=none",
                 "-device", "virtio-9p-pci,fsdev=share,mount_tag=share",
+                "-fsdev", f"local,id=common,path={common},security_model=none",
+                "-device", "virtio-9p-pci,fsdev=common,mount_tag=common",
                 "-serial", f"file:{share}/serial.log", "-monitor", f"unix:{share}/monitor.sock,server,nowait",
                 "-daemonize", "-pidfile", f"{share}/qemu.pid"]
         for k in range(nics):

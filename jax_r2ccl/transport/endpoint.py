@@ -72,8 +72,14 @@ class Endpoint:
 
     @property
     def addresses(self) -> list[str]:
-        """'ip:port' of this endpoint's listener on each NIC, in NIC order."""
+        """'ip:port' of this endpoint's listener on each NIC, in NIC order ('ibverbs:ip:port'
+        where the NIC's rails run over RDMA verbs)."""
         return list(self._ep.addresses)
+
+    @property
+    def transports(self) -> list[str]:
+        """Each NIC's transport, 'socket' or 'ibverbs' (R2CCL_TRANSPORT), in NIC order."""
+        return list(self._ep.transports)
 
     def add_peer(self, peer: int, addresses: Sequence[str]) -> None:
         self._ep.add_peer(int(peer), list(addresses))
