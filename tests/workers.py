@@ -23,7 +23,8 @@ def pattern(nbytes: int, seed: int) -> np.ndarray:
 
 def _stats_summary(ep, peer):
     return [{k: s[k] for k in ("rail", "state", "tx_bytes", "rx_bytes", "retransmitted_chunks", "failures",
-                               "recoveries", "last_error")} for s in ep.rail_stats(peer)]
+                               "recoveries", "last_error", "last_reason", "last_change_unix_s", "transport")}
+            for s in ep.rail_stats(peer)]
 
 
 def exchange(ep, rank, world, sizes, rounds=1):
@@ -86,12 +87,13 @@ def tags_out_of_order(ep, rank, world, n=300_000):
 
 
 def transfer_with_fault(ep, rank, world, nbytes, fault=None, fault_rail=1, fault_side=0, fault_after_s=0.2,
-                        rate=None, heal_after_s=None, iters=1, fault_cmd=None, heal_cmd=None):
+                        rate=None, heal_after_s=None, iters=1, fault_cmd=None, heal_cmd=None, op_timeout=None):
     """Rank 0 sends nbytes to rank 1 `iters` times; a fault hits one rail mid-transfer.
 
     rate: optional cap (bytes/s) on every rail of the sender, so the transfer lasts long
     enough for a fault to land in the middle on loopback. fault: an Endpoint.inject fault on
-    rank `fault_side`, or fault_cmd: a shell command run by rank 0 (the test bed).
+    rank `fault_side`, or fault_cmd: a shell command run by rank 0 (the test bed). op_timeout:
+    the send's and the receive's own deadline (default: R2CCL_TIMEOUT).
     """
     peer = 1 - rank
     if rate and rank == 0:
@@ -134,9 +136,9 @@ def transfer_with_fault(ep, rank, world, nbytes, fault=None, fault_rail=1, fault
             for t in timers:
                 t.start()
         if rank == 0:
-            ep.send(1, ref, tag=100 + it)
+            ep.send(1, ref, tag=100 + it, timeout=op_timeout)
         else:
-            rr.wait()
+            rr.wait(op_timeout)
             wrong += int(not np.array_equal(out, ref))
         times.append(time.monotonic() - t0)
     for t in timers:

@@ -254,9 +254,10 @@ void Engine::choose_transports() {
   vo.bootstrap_timeout_ms = cfg_.connect_timeout_ms;
   std::vector<bool> verbs(nics_.size(), false);
   if (cfg_.transport != "socket") {
+    const std::vector<RdmaPort> ports = rdma_ports();
     for (size_t i = 0; i < nics_.size(); i++) {
       std::string why;
-      verbs[i] = verbs_serves(nics_[i], vo, &why);
+      verbs[i] = verbs_serves(nics_[i], vo, ports, &why);
       if (!verbs[i] && cfg_.transport == "ibverbs")
         throw Error(Cause::kSystem, -1, "R2CCL_TRANSPORT=ibverbs: NIC " + nics_[i].name + ": " + why);
       if (!verbs[i]) R2_INFO("NIC %s: sockets (%s)", nics_[i].name.c_str(), why.c_str());

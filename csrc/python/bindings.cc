@@ -28,6 +28,8 @@
 #include "core/digest.h"
 #include "core/endpoint.h"
 #include "core/wire.h"
+#include "net/ibverbs/rdma_ports.h"
+#include "net/ibverbs/verbs_transport.h"
 
 namespace nb = nanobind;
 using namespace r2ccl;
@@ -200,6 +202,57 @@ NB_MODULE(_core, m) {
         return d;
       },
       "The names of the core's enums, each list in enum order (a name's index is its value).");
+  m.def(
+      "rdma_ports",
+      [](const std::string& sys_root) {
+        nb::list out;
+        for (const RdmaPort& p : rdma_ports(sys_root)) {
+          nb::dict d;
+          d["device"] = p.device;
+          d["port"] = p.port;
+          d["state"] = p.state_name;
+          d["active"] = p.active();
+          d["link_layer"] = p.link_layer;
+          d["rate"] = p.rate;
+          d["netdev"] = p.netdev;
+          nb::list gids;
+          for (const auto& g : p.roce_v2_ipv4) {
+            nb::dict gd;
+            gd["index"] = g.index;
+            gd["ipv4"] = g.ipv4;
+            gids.append(gd);
+          }
+          d["roce_v2_ipv4"] = gids;
+          out.append(d);
+        }
+        return out;
+      },
+      nb::arg("sys_root") = "",
+      "Every RDMA port under sys_root/class/infiniband: device, port, state, link layer, netdev and its "
+      "RoCEv2 GIDs of IPv4 addresses (the map the verbs transport uses).");
+  m.def(
+      "verbs_status",
+      [](const std::vector<std::string>& nics) {
+        nb::dict d;
+        d["unavailable"] = verbs_unavailable_reason();
+        nb::dict per;
+        const std::vector<RdmaPort> ports = rdma_ports();
+        for (const auto& n : nics) {
+          std::string why;
+          bool ok = false;
+          try {
+            ok = verbs_serves(resolve_nic(n), VerbsOptions{}, ports, &why);
+          } catch (const Error& e) {
+            why = e.what();
+          }
+          per[n.c_str()] = ok ? std::string("ibverbs") : "socket: " + why;
+        }
+        d["nics"] = per;
+        return d;
+      },
+      nb::arg("nics"),
+      "Whether the verbs backend can run here ('unavailable': '' or why not) and, per NIC, what "
+      "R2CCL_TRANSPORT=auto would pick for it ('ibverbs' or 'socket: <why>').");
   m.def("io_threads_for", &resolve_io_threads, nb::arg("setting"), nb::arg("nics"),
         "R2CCL_IO_THREADS resolved for this many NICs on this machine (-1: the automatic choice).");
   m.def(

@@ -78,6 +78,8 @@ std::vector<RdmaPort> rdma_ports(const std::string& sys_root) {
       });
       for (const auto& g : gids) {
         if (!numeric(g)) continue;
+        // A GID table has up to hundreds of slots, mostly empty (all zeros): the type and netdev
+        // are read only for IPv4-mapped ones, so a scan costs one read per slot.
         std::string ip = mapped_ipv4(read_line(pd + "/gids/" + g));
         if (ip.empty()) continue;
         // Unset GID slots (and some providers) answer EINVAL for the type: skip those.

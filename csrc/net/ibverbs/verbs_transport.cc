@@ -31,7 +31,7 @@ std::string verbs_unavailable_reason() {
          "libibverbs-dev) were not found when it was built; install them and reinstall jax_r2ccl";
 }
 
-bool verbs_serves(const Nic&, const VerbsOptions&, std::string* why) {
+bool verbs_serves(const Nic&, const VerbsOptions&, const std::vector<RdmaPort>&, std::string* why) {
   if (why) *why = verbs_unavailable_reason();
   return false;
 }
@@ -200,7 +200,10 @@ struct Device {
           const int port = ev.element.port_num;
           const bool up = ev.event_type == IBV_EVENT_PORT_ACTIVE;
           port_active[port] = up;
-          port_why[port] = up ? "" : "RDMA port " + name + ":" + std::to_string(port) + " went down (" + what + ")";
+          char at[32];
+          std::snprintf(at, sizeof at, "%.3f", unix_time_s());
+          port_why[port] = up ? "" : "RDMA port " + name + ":" + std::to_string(port) +
+                                         " went down (IBV_EVENT_PORT_ERR at unix time " + at + ")";
           R2_INFO("RDMA %s:%d: %s", name.c_str(), port, what);
           for (auto& [fd, p] : watchers)
             if (p == port) wake.push_back(fd);
@@ -305,7 +308,9 @@ class VerbsLink final : public FrameLink {
 
   ~VerbsLink() override {
     at_.dev->unwatch(ready_fd_);
+    const int64_t t0 = now_ns();
     if (qp_) api_->destroy_qp(qp_);
+    const int64_t t1 = now_ns();
     if (scq_) {
       if (scq_events_) api_->ack_cq_events(scq_, scq_events_);
       api_->destroy_cq(scq_);
@@ -315,8 +320,13 @@ class VerbsLink final : public FrameLink {
       api_->destroy_cq(rcq_);
     }
     if (ch_) api_->destroy_comp_channel(ch_);
+    const int64_t t2 = now_ns();
     if (mr_) api_->dereg_mr(mr_);
     std::free(mem_);
+    const int64_t t3 = now_ns();
+    if (t3 - t0 > 10000000)
+      R2_WARN("%s: teardown took %.0f ms (QP %.0f, CQs %.0f, MR %.0f)", desc_.c_str(), (t3 - t0) / 1e6, (t1 - t0) / 1e6,
+              (t2 - t1) / 1e6, (t3 - t2) / 1e6);
     if (epfd_ >= 0) ::close(epfd_);
     if (ready_fd_ >= 0) ::close(ready_fd_);
   }
@@ -965,8 +975,16 @@ class Devices {
  public:
   explicit Devices(const VerbsApi* api) : api_(api) {}
 
-  // The device, port and GID serving `nic`; throws Error(kSystem) naming the NIC.
+  // The device, port and GID serving `nic`; throws Error(kSystem) naming the NIC. The sysfs
+  // map is read once per NIC and kept: a NIC's rails are re-dialled every R2CCL_REPROBE_MS
+  // while its port is down, and a scan of the GID tables costs tens of ms under emulation.
+  // Whether the port is up comes from the port events and ibv_query_port, not from the map.
   PortRef port_for(const Nic& nic, const VerbsOptions& opt) {
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      auto it = by_nic_.find(nic.addr_str());
+      if (it != by_nic_.end()) return it->second;
+    }
     RdmaPort rp;
     int gid = 0;
     std::string why;
@@ -985,6 +1003,8 @@ class Devices {
                                           std::to_string(gid) + ") failed");
     ref.lid = pa.lid;
     ref.mtu = pa.active_mtu;
+    std::lock_guard<std::mutex> g(mu_);
+    by_nic_[nic.addr_str()] = ref;
     return ref;
   }
 
@@ -1016,6 +1036,7 @@ class Devices {
   const VerbsApi* api_;
   std::mutex mu_;
   std::map<std::string, std::shared_ptr<Device>> open_;
+  std::map<std::string, PortRef> by_nic_;   // by the NIC's IPv4 address
 };
 
 // ---------------------------------------------------------------- listener and transport
@@ -1170,11 +1191,11 @@ std::string verbs_unavailable_reason() {
   return "";
 }
 
-bool verbs_serves(const Nic& nic, const VerbsOptions& opt, std::string* why) {
+bool verbs_serves(const Nic& nic, const VerbsOptions& opt, const std::vector<RdmaPort>& ports, std::string* why) {
   std::string w = verbs_unavailable_reason();
   RdmaPort rp;
   int gid = 0;
-  if (w.empty() && rdma_port_for(nic, rdma_ports(), opt.gid_index, &rp, &gid, &w) && !rp.active())
+  if (w.empty() && rdma_port_for(nic, ports, opt.gid_index, &rp, &gid, &w) && !rp.active())
     w = "RDMA port " + rp.device + ":" + std::to_string(rp.port) + " of NIC " + nic.name + " is " + rp.state_name;
   if (why) *why = w;
   return w.empty();

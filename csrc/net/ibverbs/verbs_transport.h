@@ -40,6 +40,7 @@
 #include <memory>
 #include <string>
 
+#include "net/ibverbs/rdma_ports.h"
 #include "net/transport.h"
 
 namespace r2ccl {
@@ -69,9 +70,10 @@ struct VerbsOptions {
 // headers at build time), libibverbs not loadable, or no RDMA device.
 std::string verbs_unavailable_reason();
 
-// Whether `nic` maps to an ACTIVE RDMA port (R2CCL_TRANSPORT=auto picks verbs there); else
-// false with the reason in *why.
-bool verbs_serves(const Nic& nic, const VerbsOptions& opt, std::string* why);
+// Whether `nic` maps to an ACTIVE RDMA port in `ports` (rdma_ports(): one scan serves every
+// NIC; under emulation a scan takes ~0.3 s) and the backend can run (R2CCL_TRANSPORT=auto
+// picks verbs there); else false with the reason in *why.
+bool verbs_serves(const Nic& nic, const VerbsOptions& opt, const std::vector<RdmaPort>& ports, std::string* why);
 
 // The verbs backend. Throws Error(kInvalidArgument) for options with a problem(), and
 // Error(kSystem) with verbs_unavailable_reason() when it cannot run. listen/connect on a NIC

@@ -1,0 +1,161 @@
+"""The verbs transport on the project's verbs test bed (jax_r2ccl/tools/testbed_vm.py): two
+emulated guests, two Soft-RoCE NICs each, one rank per guest, every rail an RC queue pair
+(R2CCL_TRANSPORT=ibverbs, so a silent fallback to sockets fails the test). Real faults: a
+NIC's carrier cut from outside (the guest's monitor) mid-transfer, a black hole inside the
+guest (netem drops everything), a flapping NIC, both NICs cut, a killed peer. Every transfer
+is checked byte for byte. Needs root and the test bed's Debian packages; skipped with the
+reason otherwise. Guests run under TCG emulation: each rank takes ~3 s to start."""
+
+import os
+
+import numpy as np
+import pytest
+
+from harness import run_ranks_vm
+from jax_r2ccl.tools import testbed_vm as vm
+
+NICS = [["198.18.0.1", "198.18.1.1"], ["198.18.0.2", "198.18.1.2"]]
+VERBS = {"transport": "ibverbs"}
+
+
+def _why_not():
+    if os.environ.get("R2CCL_COORDINATOR"):
+        return "multi-host mode: no local test bed"
+    return vm.why_unavailable()
+
+
+pytestmark = [pytest.mark.testbed, pytest.mark.skipif(_why_not() is not None, reason=str(_why_not()))]
+
+
+@pytest.fixture(scope="module")
+def bed():
+    vm.up(2, 2)
+    try:
+        yield
+    finally:
+        vm.down()
+
+
+def results(rs):
+    return [r["result"] for r in rs]
+
+
+def test_exact_transfers_of_several_sizes_ride_verbs_on_both_rails(bed):
+    sizes = [0, 1, 4096 + 3, 70_000, 1 << 20, 9 << 20]
+    for r in results(run_ranks_vm("exchange", nics=NICS, config=VERBS, args={"sizes": sizes, "rounds": 2})):
+        assert r["wrong"] == 0, r
+        rails = r["stats"]["1" if "1" in r["stats"] else "0"]
+        assert [s["transport"] for s in rails] == ["ibverbs", "ibverbs"], rails
+        assert all(s["state"] == "up" and s["tx_bytes"] > 1 << 20 for s in rails), rails
+
+
+def _cut(guest, nic):
+    return lambda: vm.fail(guest, nic)
+
+
+def _heal(guest, nic):
+    return lambda: vm.heal(guest, nic)
+
+
+def test_nic_cut_from_outside_mid_transfer_fails_over_at_the_port_event_bit_exact(bed):
+    n = 24 << 20
+    import re
+    rs = run_ranks_vm("transfer_with_fault", nics=NICS, config=VERBS,
+                      args=dict(nbytes=n, fault_cmd="touch {SHARED}/cut", heal_cmd="touch {SHARED}/heal",
+                                fault_after_s=0.3, heal_after_s=6.0),
+                      on_file={"cut": _cut(0, 1), "heal": _heal(0, 1)})
+    r0, r1 = results(rs)
+    assert r1["wrong"] == 0
+    rail = r0["stats"][1]
+    assert rail["failures"] >= 1 and rail["state"] == "down", r0["stats"]
+    # The rail failed on the port event itself (not on silence): the event's guest time is in
+    # the reason, the rail's failure time in its stats, both on the guest's clock.
+    m = re.search(r"IBV_EVENT_PORT_ERR at unix time ([0-9.]+)", rail["last_error"])
+    assert m, rail
+    react = rail["last_change_unix_s"] - float(m.group(1))
+    assert 0 <= react <= 0.050, (react, rail)
+    assert r0["stats"][0]["tx_bytes"] > n / 2, r0["stats"]   # the survivor took over
+    print(f"failover: port event -> rail failed in {react * 1e3:.1f} ms; transfer {r1['times'][0]:.2f} s")
+
+
+def test_black_hole_inside_the_guest_is_caught_by_the_stall_timer_bit_exact(bed):
+    n = 24 << 20
+    rs = run_ranks_vm("transfer_with_fault", nics=NICS, config=VERBS,
+                      args=dict(nbytes=n, fault_cmd="tc qdisc add dev eth1 root netem loss 100%",
+                                heal_cmd="tc qdisc del dev eth1 root", fault_after_s=0.3, heal_after_s=4.0))
+    r0, r1 = results(rs)
+    assert r1["wrong"] == 0
+    assert r0["stats"][1]["failures"] >= 1, r0["stats"]
+    print("black hole:", r0["stats"][1]["last_reason"], r0["stats"][1]["last_error"], "times", r1["times"])
+
+
+def test_flapping_nic_loses_nothing(bed):
+    import threading
+    import time
+    n = 8 << 20
+
+    def flap():
+        def run():
+            for _ in range(4):
+                vm.fail(0, 1)
+                time.sleep(0.3)
+                vm.heal(0, 1)
+                time.sleep(0.5)
+        threading.Thread(target=run, daemon=True).start()
+    rs = run_ranks_vm("transfer_with_fault", nics=NICS, config=VERBS, timeout=180,
+                      args=dict(nbytes=n, iters=6, fault_cmd="touch {SHARED}/flap", fault_after_s=0.05),
+                      on_file={"flap": flap})
+    r1 = results(rs)[1]
+    assert r1["wrong"] == 0, r1
+    time.sleep(1.5)   # the flapper's last heal
+
+
+def test_both_nics_cut_is_the_documented_error_naming_the_peer(bed):
+    def cut_both():
+        vm.fail(0, 0)
+        vm.fail(0, 1)
+    try:
+        rs = run_ranks_vm("transfer_with_fault", nics=NICS, config={**VERBS, "timeout_s": 3.0}, expect_fail=True,
+                          args=dict(nbytes=24 << 20, fault_cmd="touch {SHARED}/cut", fault_after_s=0.3,
+                                    op_timeout=30.0),
+                          on_file={"cut": cut_both})
+    finally:
+        vm.heal(0, 0)
+        vm.heal(0, 1)
+    for rank, r in enumerate(rs):
+        assert not r["ok"] and r["cause"] == "all_rails_down" and r["peer"] == 1 - rank, r
+        assert f"rank {1 - rank}" in r["error"], r["error"]
+    print("both cut:", rs[0]["error"][:300])
+
+
+def test_killed_peer_is_peer_gone_without_hang(bed):
+    rs = run_ranks_vm("killed_peer", nics=NICS, config=VERBS, may_die={1}, args={"nbytes": 32 << 20})
+    assert rs[1].get("died")
+    r = rs[0]["result"]
+    assert r["error"] and r["cause"] == "peer_gone" and r["peer"] == 1, r
+    assert r["after_s"] < 10.0, r
+
+
+def test_host_collectives_over_verbs_are_bit_exact(bed):
+    cases = [("all_reduce", "float32", "sum", 100_003, 0), ("all_reduce", "int32", "max", 4096, 0),
+             ("all_gather", "float32", "sum", 70_000, 0), ("reduce_scatter", "float32", "sum", 1 << 18, 0),
+             ("all_to_all", "bfloat16", "sum", 2 * 50_000, 0), ("broadcast", "uint8", "sum", 3 << 20, 1)]
+    for r in results(run_ranks_vm("host_collective", nics=NICS, config=VERBS, args={"cases": cases})):
+        assert r["bad"] == [], r
+        assert {s["transport"] for s in next(iter(r["stats"].values()))} == {"ibverbs"}
+
+
+def test_auto_picks_verbs_on_rdma_nics(bed):
+    rs = run_ranks_vm("exchange", nics=NICS, config={"transport": "auto"}, args={"sizes": [1 << 20]})
+    for r in results(rs):
+        assert r["wrong"] == 0
+        rails = next(iter(r["stats"].values()))
+        assert {s["transport"] for s in rails} == {"ibverbs"}, rails
+
+
+def test_sockets_still_run_on_the_same_nics(bed):
+    rs = run_ranks_vm("exchange", nics=NICS, config={"transport": "socket"}, args={"sizes": [1 << 20]})
+    for r in results(rs):
+        assert r["wrong"] == 0
+        assert {s["transport"] for s in next(iter(r["stats"].values()))} == {"socket"}
+
