@@ -200,3 +200,28 @@ def test_rail_weights_steer_the_split(weights):
     # weighted rail carries some. (The health monitor of the next issue sets the weights.)
     for share, w in zip(shares, weights):
         assert (share == 0) if w == 0 else (share > 0), (shares, weights)
+
+
+def test_transport_choice_without_rdma_is_sockets_and_ibverbs_is_a_clear_error():
+    # This host has no RDMA port on 127.0.0.x (tests/test_verbs.py runs verbs in guests).
+    from jax_r2ccl import _core
+    from jax_r2ccl.config import Config
+    from jax_r2ccl.errors import R2cclError
+    from jax_r2ccl.transport import Endpoint
+    if _core.verbs_status(["127.0.0.1"])["nics"]["127.0.0.1"] == "ibverbs":
+        pytest.skip("127.0.0.1 maps to an RDMA port here")
+    ep = Endpoint(0, 2, nics=["127.0.0.1", "127.0.0.2"], config=Config.from_env(env={}), secret=b"s" * 32)
+    try:
+        assert ep.config.transport == "auto" and ep.transports == ["socket", "socket"]
+        assert all(":" in a and not a.startswith("ibverbs:") for a in ep.addresses)
+        # A peer whose NIC speaks verbs where ours speaks sockets: refused at once, both named.
+        with pytest.raises(R2cclError, match=r"uses socket, the peer's NIC 127\.0\.0\.9:4000 uses ibverbs") as e:
+            ep.add_peer(1, ["ibverbs:127.0.0.9:4000", "127.0.0.9:4001"])
+        assert e.value.cause == "invalid_argument" and e.value.peer == 1
+    finally:
+        ep.close()
+    with pytest.raises(R2cclError, match=r"R2CCL_TRANSPORT=ibverbs: NIC 127\.0\.0\.1: .+") as e:
+        Endpoint(0, 1, nics=["127.0.0.1"], config=Config.from_env(env={"R2CCL_TRANSPORT": "ibverbs"}),
+                 secret=b"s" * 32)
+    assert e.value.cause == "system"
+    assert _core.verbs_status([])["unavailable"] in str(e.value)

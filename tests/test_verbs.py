@@ -21,6 +21,10 @@ VERBS = {"transport": "ibverbs"}
 def _why_not():
     if os.environ.get("R2CCL_COORDINATOR"):
         return "multi-host mode: no local test bed"
+    from jax_r2ccl import _core
+    why = _core.verbs_status([])["unavailable"]
+    if "no verbs backend" in why:   # built without rdma-core's headers
+        return why
     return vm.why_unavailable()
 
 

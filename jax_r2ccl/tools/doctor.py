@@ -114,26 +114,24 @@ def cuda_line() -> str:
     return line + f"; no GPU visible ({i['error'] or 'none'})"
 
 
-def rdma() -> tuple[list[dict], str]:
-    devs = []
-    if os.path.isdir(SYS_IB):
-        for d in sorted(os.listdir(SYS_IB)):
-            ports = []
-            pdir = f"{SYS_IB}/{d}/ports"
-            for p in sorted(os.listdir(pdir)) if os.path.isdir(pdir) else []:
-                ports.append({"port": int(p), "state": read_text(f"{pdir}/{p}/state"),
-                              "phys_state": read_text(f"{pdir}/{p}/phys_state"), "rate": read_text(f"{pdir}/{p}/rate"),
-                              "link_layer": read_text(f"{pdir}/{p}/link_layer")})
-            net = sorted(os.listdir(f"{SYS_IB}/{d}/device/net")) if os.path.isdir(f"{SYS_IB}/{d}/device/net") else []
-            devs.append({"name": d, "ports": ports, "netdevs": net})
+def rdma(nics_used: list[str], sys_root: str | None = None) -> tuple[list[dict], dict, str]:
+    """RDMA ports (the core's own sysfs map: the one the verbs transport uses), and what
+    R2CCL_TRANSPORT=auto would pick for each NIC in use, with a summary line."""
+    from .. import _core
+    ports = _core.rdma_ports(sys_root or "")
+    status = _core.verbs_status([n for n in nics_used])
     try:
-        import pyverbs.device  # noqa: F401
-        verbs = "pyverbs: installed"
+        import pyverbs.device as pvd
+        verbs = f"pyverbs: {len(pvd.get_device_list())} device(s)"
     except ImportError:
-        verbs = "pyverbs: not installed (optional: the RDMA report comes from sysfs)"
-    if not devs:
-        return [], f"RDMA: no devices in {SYS_IB}; {verbs}"
-    return devs, f"RDMA: {len(devs)} device(s); {verbs}"
+        verbs = "pyverbs: not installed (optional: the map comes from sysfs)"
+    except Exception as e:  # noqa: BLE001 - pyverbs present but unusable: say so
+        verbs = f"pyverbs: {e}"
+    why = status["unavailable"]
+    backend = "verbs transport: available" if not why else f"verbs transport: unavailable ({why})"
+    if not ports:
+        return [], status, f"RDMA: no ports in {sys_root or SYS}/class/infiniband; {backend}; {verbs}"
+    return ports, status, f"RDMA: {len(ports)} port(s); {backend}; {verbs}"
 
 
 def affinity(cfg: Config, sys_root: str | None = None) -> dict:
@@ -162,11 +160,11 @@ def report(sys_root: str | None = None) -> dict:
         cfg, cfg_error = Config(), str(e)
     nic_list = nics(sys_root)
     gpu_list, nvml_line = gpus(nic_list)
-    rdma_list, rdma_line = rdma()
     try:
         aff = affinity(cfg, sys_root)
     except Exception as e:  # noqa: BLE001
         aff, cfg_error = {"order": [], "line": f"affinity: unknown ({e})"}, cfg_error or str(e)
+    rdma_list, transports, rdma_line = rdma(aff["order"], sys_root)
     sources = cfg.sources()
     settings = [{"env": s.env, "value": getattr(cfg, s.field) if s.env != "R2CCL_SECRET" or not cfg.secret
                  else "(set)", "source": sources[s.env]} for s in SETTINGS]
@@ -174,7 +172,8 @@ def report(sys_root: str | None = None) -> dict:
     if cfg_error:
         notes.append(f"configuration error: {cfg_error}")
     return {"host": socket.gethostname(), "nics": nic_list, "nics_used": aff["order"], "affinity": aff,
-            "gpus": gpu_list, "rdma": rdma_list, "settings": settings, "notes": notes}
+            "gpus": gpu_list, "rdma": rdma_list, "transports": transports["nics"], "settings": settings,
+            "notes": notes}
 
 
 def main(args: argparse.Namespace) -> int:
@@ -204,13 +203,16 @@ def main(args: argparse.Namespace) -> int:
               f"{', '.join(g['nearest_nics']) or '(unknown)'}")
     if not r["gpus"]:
         print("  (none found)")
-    print("\nRDMA")
+    print("\nRDMA ports (netdev <-> device:port, RoCEv2 GIDs of IPv4 addresses)")
     if not r["rdma"]:
         print("  (none found)")
-    for d in r["rdma"]:
-        for p in d["ports"]:
-            print(f"  {d['name']} port {p['port']}: {p['state']} ({p['phys_state']}), {p['rate']}, "
-                  f"{p['link_layer']}; netdev {','.join(d['netdevs']) or '-'}")
+    for p in r["rdma"]:
+        gids = ", ".join(f"{g['ipv4']} (GID {g['index']})" for g in p["roce_v2_ipv4"]) or "-"
+        print(f"  {p['netdev'] or '-':10} {p['device']}:{p['port']}  {p['state']:8} {p['link_layer']:10} "
+              f"{p['rate'] or '-'}  {gids}")
+    print("\nTransport per NIC in use (R2CCL_TRANSPORT=auto would pick)")
+    for nic, t in r["transports"].items():
+        print(f"  {nic:15} {t}")
     print("\nNotes")
     for line in r["notes"]:
         print(f"  {line}")
