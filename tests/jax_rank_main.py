@@ -128,13 +128,14 @@ def main():
     try:
         import jax
         jax.config.update("jax_enable_x64", True)
-        jax.distributed.initialize(coordinator_address=f"127.0.0.1:{spec['port']}", num_processes=world,
+        coordinator = spec.get("coordinator") or f"127.0.0.1:{spec['port']}"   # the verbs guests give theirs
+        jax.distributed.initialize(coordinator_address=coordinator, num_processes=world,
                                    process_id=rank, initialization_timeout=60)
         from jax_r2ccl._compat.jax_kv import distributed_client
         client = distributed_client()
         import jax_r2ccl
         from jax_r2ccl.config import Config
-        jax_r2ccl.initialize(nics=RAILS, config=Config.from_env(**spec["config"]))
+        jax_r2ccl.initialize(nics=spec.get("nics") or RAILS, config=Config.from_env(**spec["config"]))
         t1 = time.monotonic()
         import jax_workers
         res = getattr(jax_workers, spec["func"])(rank, world, local, **spec["args"])

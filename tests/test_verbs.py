@@ -163,3 +163,38 @@ def test_sockets_still_run_on_the_same_nics(bed):
         assert r["wrong"] == 0
         assert {s["transport"] for s in next(iter(r["stats"].values()))} == {"socket"}
 
+
+
+def test_jax_psum_in_shard_map_over_verbs(bed):
+    # One device per guest, jax.distributed's coordinator in guest 0, jax_r2ccl's rails on the
+    # Soft-RoCE NICs with R2CCL_TRANSPORT=ibverbs: jax_r2ccl.psum inside shard_map under jit,
+    # checked against XLA's own psum (gloo over TCP) in the same program, bit for bit.
+    import json
+    import sys
+    import time
+    import uuid
+    from harness import ROOT, _package_parent
+    tag = f"jax-{uuid.uuid4().hex[:10]}"
+    host_dir, guest_dir = os.path.join(vm.common_dir(), tag), f"{vm.GUEST_COMMON}/{tag}"
+    os.makedirs(host_dir)
+    ids = []
+    t0 = time.monotonic()
+    for rank in range(2):
+        spec = {"func": "mixed_program", "rank": rank, "world": 2, "local": 1, "port": 0,
+                "coordinator": "198.18.0.1:45321", "nics": NICS[rank],
+                "config": {"transport": "ibverbs", "timeout_s": 60.0, "bootstrap_timeout_s": 120.0},
+                "args": {"n": 1 << 18, "rounds": 3}, "out": f"{guest_dir}/out{rank}.json"}
+        with open(os.path.join(host_dir, f"spec{rank}.json"), "w") as f:
+            json.dump(spec, f)
+        ids.append(vm.submit(rank, f"cd {ROOT}/tests && PYTHONPATH={_package_parent()} {sys.executable} "
+                                   f"{ROOT}/tests/jax_rank_main.py {guest_dir}/spec{rank}.json", 400))
+    outs = [vm.wait(rank, ids[rank], 400) for rank in range(2)]
+    for rank in range(2):
+        path = os.path.join(host_dir, f"out{rank}.json")
+        assert os.path.exists(path), outs[rank][1][-3000:]
+        with open(path) as f:
+            r = json.load(f)
+        assert r["ok"], r["error"][-3000:]
+        assert r["result"]["equal"], r
+        print(f"rank {rank}: start {r['seconds']['start']} s, work {r['seconds']['work']} s")
+    print(f"jax psum over verbs in the guests: {time.monotonic() - t0:.0f} s in all")

@@ -183,6 +183,9 @@ exec $B chroot /newroot /bin/sh /mnt/agent.sh
 _AGENT = """#!/bin/sh
 export PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/tmp
 hostname r2vm{g}
+# The root filesystem is the host's, read-only: the guest's own name goes into a private copy
+# of /etc/hosts bound over it (gloo and others resolve the hostname).
+cp /etc/hosts /tmp/hosts && echo "198.18.0.{host} r2vm{g}" >> /tmp/hosts && mount --bind /tmp/hosts /etc/hosts
 ip link set lo up
 k=0
 for i in $(ls /sys/class/net | grep -v '^lo$' | sort); do

@@ -325,7 +325,7 @@ class VerbsLink final : public FrameLink {
     std::free(mem_);
     const int64_t t3 = now_ns();
     if (t3 - t0 > 10000000)
-      R2_WARN("%s: teardown took %.0f ms (QP %.0f, CQs %.0f, MR %.0f)", desc_.c_str(), (t3 - t0) / 1e6, (t1 - t0) / 1e6,
+      R2_INFO("%s: teardown took %.0f ms (QP %.0f, CQs %.0f, MR %.0f)", desc_.c_str(), (t3 - t0) / 1e6, (t1 - t0) / 1e6,
               (t2 - t1) / 1e6, (t3 - t2) / 1e6);
     if (epfd_ >= 0) ::close(epfd_);
     if (ready_fd_ >= 0) ::close(ready_fd_);

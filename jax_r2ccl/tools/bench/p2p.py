@@ -40,6 +40,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
                    help="also run mptcp-poll: the MPTCP baseline with every receive busy-polling its "
                         "socket for up to R2CCL_POLL_US before it blocks, as r2ccl's caller's path does "
                         "(the same CPU spent waiting, so the two compare like for like)")
+    p.add_argument("--transports", default="", metavar="T[,T...]",
+                   help="also run jax_r2ccl with each of these R2CCL_TRANSPORT values (socket, ibverbs), "
+                        "rows r2ccl-<T>, on the same NICs in the same run: verbs beside sockets")
     p.add_argument("--io-threads", default="", metavar="N[,N...]",
                    help="also run r2ccl over the same rails with R2CCL_IO_THREADS=N for each N given "
                         "(impl r2ccl-ioN): socket I/O threads side by side in one run")
@@ -752,6 +755,11 @@ def main(args: argparse.Namespace) -> int:
     except ValueError:
         print(f"bench p2p: --io-threads {args.io_threads!r}: give integers, e.g. 0,1,2", file=sys.stderr)
         return 2
+    transports = [t.strip() for t in args.transports.split(",") if t.strip()]
+    bad = [t for t in transports if t not in ("socket", "ibverbs")]
+    if bad:
+        print(f"bench p2p: --transports {args.transports!r}: use socket and/or ibverbs", file=sys.stderr)
+        return 2
     build = core_build()   # the library this process loaded (the build may change under us)
     dist = Dist(args.coordinator, args.num_processes, args.process_id, args.timeout)
     from ...config import Config
@@ -762,6 +770,8 @@ def main(args: argparse.Namespace) -> int:
     aborted = None
     try:
         run.run_r2ccl("r2ccl", nics, arm_fault=True)
+        for t in transports:
+            run.run_r2ccl(f"r2ccl-{t}", nics, arm_fault=False, transport=t)
         for n in io_sweep:
             run.run_r2ccl(f"r2ccl-io{n}", nics, arm_fault=False, io_threads=n)
         if args.thread_baseline:
