@@ -928,3 +928,37 @@ def eager_undeliverable(ep, rank, world, size=4096, down_s=2.0):
         out.update(_abandoned_then_ok(ep, peer, size, 1, 1 << 16, 3, 3))
     barrier(ep, rank, world)
     return out
+
+
+def carrier_failback(ep, rank, world, cut_cmd, heal_cmd, rail=1, nbytes=8 << 20, down_wait_s=10.0, up_wait_s=20.0):
+    """Rank 0 has a NIC's carrier cut from outside (cut_cmd), waits for its rail to go down,
+    has it healed (heal_cmd), and measures how soon the rail is up again (a new connection:
+    on verbs, new queue pairs) and that it carries a transfer, checked byte for byte on rank 1."""
+    peer = 1 - rank
+    res = {}
+    if rank == 0:
+        subprocess.run(cut_cmd, shell=True, check=True, timeout=30)
+        t0 = time.monotonic()
+        while ep.rail_stats(peer)[rail]["state"] == "up":
+            if time.monotonic() - t0 > down_wait_s:
+                raise AssertionError(f"rail {rail} still up {down_wait_s} s after its NIC was cut")
+            time.sleep(0.005)
+        res["down_after_s"] = time.monotonic() - t0
+        time.sleep(0.5)
+        subprocess.run(heal_cmd, shell=True, check=True, timeout=30)
+        t1 = time.monotonic()
+        while ep.rail_stats(peer)[rail]["state"] != "up":
+            if time.monotonic() - t1 > up_wait_s:
+                raise AssertionError(f"rail {rail} not re-admitted {up_wait_s} s after its NIC was healed")
+            time.sleep(0.005)
+        res["up_after_s"] = time.monotonic() - t1
+        before = ep.rail_stats(peer)[rail]["tx_bytes"]
+        ep.send(peer, pattern(nbytes, 9), tag=7, timeout=60)
+        res["carried"] = ep.rail_stats(peer)[rail]["tx_bytes"] - before
+        res["stats"] = _stats_summary(ep, peer)
+    else:
+        out = np.empty(nbytes, np.uint8)
+        ep.recv(peer, out, tag=7, timeout=60)
+        res["ok"] = bool(np.array_equal(out, pattern(nbytes, 9)))
+    barrier(ep, rank, world)
+    return res

@@ -235,6 +235,7 @@ NB_MODULE(_core, m) {
       [](const std::vector<std::string>& nics) {
         nb::dict d;
         d["unavailable"] = verbs_unavailable_reason();
+        d["gpudirect"] = gpudirect_report();
         nb::dict per;
         const std::vector<RdmaPort> ports = rdma_ports();
         for (const auto& n : nics) {

@@ -129,6 +129,7 @@ def rdma(nics_used: list[str], sys_root: str | None = None) -> tuple[list[dict],
         verbs = f"pyverbs: {e}"
     why = status["unavailable"]
     backend = "verbs transport: available" if not why else f"verbs transport: unavailable ({why})"
+    backend += f"; GPUDirect RDMA: {status['gpudirect']}"
     if not ports:
         return [], status, f"RDMA: no ports in {sys_root or SYS}/class/infiniband; {backend}; {verbs}"
     return ports, status, f"RDMA: {len(ports)} port(s); {backend}; {verbs}"

@@ -10,6 +10,11 @@
                         with tmpfs on /tmp); prints its output, exits with its status
   fail GUEST NIC        NIC loses carrier (from outside: the guest's monitor)
   heal GUEST NIC        NIC gets carrier back
+  flap GUEST NIC DOWN_MS UP_MS COUNT
+                        carrier off DOWN_MS, on UP_MS, COUNT times (from outside)
+  blackhole GUEST NIC   NIC drops everything it sends, carrier and port stay up (inside: tc)
+  degrade GUEST NIC RATE|base
+                        NIC sends at most RATE (10mbit; inside: tc netem); base: no limit
   status                guests, their PIDs, NICs
   help                  this text
 
@@ -31,8 +36,10 @@ Measured on the 2-core machines: both guests ready in about 10 s; `ibv_rc_pingpo
 per rail; `import jax` in a guest 37-54 s.
 
 Python: up(guests, nics), down(), run(guest, cmd, timeout) -> (status, output),
-submit(guest, cmd, timeout) -> id and wait(guest, id, timeout) -> (status, output),
-fail(guest, nic), heal(guest, nic), status() -> dict, why_unavailable() -> None or the reason."""
+submit(guest, cmd, timeout) -> id and wait(guest, id, timeout) -> (status, output) (commands
+run concurrently), fail(guest, nic), heal(guest, nic), flap(guest, nic, down_ms, up_ms, count),
+blackhole(guest, nic), degrade(guest, nic, rate), status() -> dict, common_dir(),
+why_unavailable() -> None or the reason."""
 
 # Standard library only, like testbed.py: runs by path, as root.
 from __future__ import annotations
@@ -41,6 +48,7 @@ import glob
 import gzip
 import json
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -180,6 +188,7 @@ exec $B chroot /newroot /bin/sh /mnt/agent.sh
 
 # Runs in the guest, from its share: addresses, Soft-RoCE, then the command loop. A command
 # file <id>.sh (first line "# timeout S") gives <id>.out and <id>.rc, then is renamed .done.
+# Commands run concurrently (a fault command while a rank runs; one ping-pong per rail).
 _AGENT = """#!/bin/sh
 export PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/tmp
 hostname r2vm{g}
@@ -201,12 +210,13 @@ echo "$n" > /mnt/ready.tmp && mv /mnt/ready.tmp /mnt/ready
 while true; do
   for f in /mnt/cmd/*.sh; do
     [ -e "$f" ] || continue
-    t=$(head -1 "$f" | sed -n 's/^# timeout \\([0-9]*\\)$/\\1/p')
-    timeout -k 2 "${{t:-60}}" sh "$f" > "${{f%.sh}}.out" 2>&1
-    echo $? > "${{f%.sh}}.rc.tmp" && mv "${{f%.sh}}.rc.tmp" "${{f%.sh}}.rc"
-    mv "$f" "$f.done"
+    mv "$f" "$f.run" || continue
+    t=$(head -1 "$f.run" | sed -n 's/^# timeout \\([0-9]*\\)$/\\1/p')
+    ( timeout -k 2 "${{t:-60}}" sh "$f.run" > "${{f%.sh}}.out" 2>&1
+      echo $? > "${{f%.sh}}.rc.tmp" && mv "${{f%.sh}}.rc.tmp" "${{f%.sh}}.rc"
+      mv "$f.run" "$f.done" ) &
   done
-  sleep 0.1
+  sleep 0.05
 done
 """
 
@@ -333,7 +343,7 @@ def up(guests=GUESTS, nics=2) -> dict:
 def _serial_tail(g: int) -> str:
     try:
         with open(os.path.join(_dir(), f"g{g}", "serial.log"), errors="replace") as f:
-            return " | ".join(f.read().strip().splitlines()[-5:])[-600:] or "(empty)"
+            return " | ".join(f.read().strip().splitlines()[-30:])[-4000:] or "(empty)"
     except OSError:
         return "(no console log)"
 
@@ -353,6 +363,13 @@ def down() -> list[int]:
             os.kill(pid, signal.SIGKILL)
         ended.append(pid)
     if os.path.isdir(_dir()):
+        # The guests' consoles outlive the bed (a guest kernel's oops is read after the test
+        # that met it has torn the bed down): <state folder>.last/g<G>.console.
+        last = _dir().rstrip("/") + ".last"
+        shutil.rmtree(last, ignore_errors=True)
+        for log in glob.glob(os.path.join(_dir(), "g*", "serial.log")):
+            os.makedirs(last, exist_ok=True)
+            shutil.copy(log, os.path.join(last, os.path.basename(os.path.dirname(log)) + ".console"))
         shutil.rmtree(_dir(), ignore_errors=True)
     return ended
 
@@ -432,6 +449,44 @@ def heal(guest, nic) -> None:
     _set_link(guest, nic, True)
 
 
+def flap(guest, nic, down_ms, up_ms, count) -> None:
+    """Carrier off for down_ms, on for up_ms, `count` times (from outside; returns when done,
+    the NIC up)."""
+    down_s = _int("DOWN_MS", down_ms, 1, 60000) / 1000
+    up_s = _int("UP_MS", up_ms, 1, 60000) / 1000
+    for _ in range(_int("COUNT", count, 1, 1000)):
+        fail(guest, nic)
+        time.sleep(down_s)
+        heal(guest, nic)
+        time.sleep(up_s)
+
+
+def _tc(guest, nic, what: str) -> None:
+    st = _load()
+    g = _guest(st, guest)
+    k = _int("NIC", nic, 0, st["nics"] - 1)
+    rc, out = run(g, f"tc qdisc del dev eth{k} root 2>/dev/null; {what.format(dev=f'eth{k}')}", 30)
+    if rc != 0:
+        raise VmError(f"guest {g} NIC {k}: tc failed ({rc}): {' '.join(out.split())[-300:]}")
+
+
+def blackhole(guest, nic) -> None:
+    """From inside the guest: the NIC keeps its carrier and its RDMA port stays ACTIVE, but
+    every packet it sends is dropped (netem loss 100%)."""
+    _tc(guest, nic, "tc qdisc add dev {dev} root netem loss 100%")
+
+
+def degrade(guest, nic, rate: str) -> None:
+    """From inside the guest: the NIC sends at most RATE (tc's units: 10mbit), or `base`: no
+    limit, no loss (also ends a black hole)."""
+    if rate == "base":
+        _tc(guest, nic, "true")
+        return
+    if not re.fullmatch(r"[0-9]+(\.[0-9]+)?[kmg]?bit", str(rate)):
+        raise VmUsageError(f"RATE must be like 10mbit or base, not {rate!r}")
+    _tc(guest, nic, f"tc qdisc add dev {{dev}} root netem rate {rate}")
+
+
 def status() -> dict:
     st = _load(required=False)
     if not st:
@@ -446,7 +501,8 @@ def status() -> dict:
 def main(argv: list[str]) -> int:
     """`jax-r2ccl testbed vm SUBCOMMAND ...`; returns the exit status."""
     usage = f"usage: up GUESTS NICS | down | run [--timeout S] GUEST [--] CMD... | fail GUEST NIC | " \
-            f"heal GUEST NIC | status (see {PROG} help)"
+            f"heal GUEST NIC | flap GUEST NIC DOWN_MS UP_MS COUNT | blackhole GUEST NIC | " \
+            f"degrade GUEST NIC RATE|base | status (see {PROG} help)"
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(__doc__)
         return 0 if argv else 2
@@ -462,6 +518,15 @@ def main(argv: list[str]) -> int:
         elif cmd in ("fail", "heal") and len(rest) == 2:
             (fail if cmd == "fail" else heal)(*rest)
             print(f"{PROG}: guest {rest[0]} NIC {rest[1]} {'down' if cmd == 'fail' else 'up'}")
+        elif cmd == "flap" and len(rest) == 5:
+            flap(*rest)
+            print(f"{PROG}: guest {rest[0]} NIC {rest[1]} flapped {rest[4]} times")
+        elif cmd == "blackhole" and len(rest) == 2:
+            blackhole(*rest)
+            print(f"{PROG}: guest {rest[0]} NIC {rest[1]} black-holed (tc netem loss 100%)")
+        elif cmd == "degrade" and len(rest) == 3:
+            degrade(*rest)
+            print(f"{PROG}: guest {rest[0]} NIC {rest[1]} {rest[2]}")
         elif cmd == "status" and not rest:
             print(json.dumps(status(), indent=1))
         elif cmd == "run" and rest:

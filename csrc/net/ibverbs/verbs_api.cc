@@ -55,6 +55,7 @@ Loaded load() {
          bind(lib, "ibv_ack_async_event", &a.ack_async_event, &w) &&
          bind(lib, "ibv_event_type_str", &a.event_type_str, &w) &&
          bind(lib, "ibv_wc_status_str", &a.wc_status_str, &w);
+  a.reg_dmabuf_mr = reinterpret_cast<decltype(a.reg_dmabuf_mr)>(dlsym(lib, "ibv_reg_dmabuf_mr"));
   return l;
 }
 

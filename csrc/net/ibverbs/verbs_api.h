@@ -38,6 +38,9 @@ struct VerbsApi {
   void (*ack_async_event)(ibv_async_event*);
   const char* (*event_type_str)(ibv_event_type);
   const char* (*wc_status_str)(ibv_wc_status);
+  // Optional (rdma-core 34+): registering a dmabuf, the GPUDirect path for device memory
+  // without nvidia-peermem. Null where the library lacks it.
+  ibv_mr* (*reg_dmabuf_mr)(ibv_pd*, uint64_t, size_t, uint64_t, int, int);
 };
 
 // The loaded library's table, loaded once per process; null when libibverbs cannot be

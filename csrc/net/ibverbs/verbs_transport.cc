@@ -40,6 +40,8 @@ std::unique_ptr<Transport> make_verbs_transport(const VerbsOptions&) {
   throw Error(Cause::kSystem, -1, "R2CCL_TRANSPORT=ibverbs: " + verbs_unavailable_reason());
 }
 
+std::string gpudirect_report() { return "not built (no verbs backend in this build)"; }
+
 }  // namespace r2ccl
 
 #else
@@ -1189,6 +1191,17 @@ std::string verbs_unavailable_reason() {
   if (list) api->free_device_list(list);
   if (!list || n == 0) return "libibverbs found no RDMA device on this host";
   return "";
+}
+
+std::string gpudirect_report() {
+  std::string why;
+  const VerbsApi* api = verbs_api(&why);
+  const bool peermem = access("/sys/module/nvidia_peermem", F_OK) == 0;
+  std::string s = "not used (frames are staged through host bounce buffers); this host has: ";
+  s += api ? (api->reg_dmabuf_mr ? "ibv_reg_dmabuf_mr in libibverbs" : "no ibv_reg_dmabuf_mr in libibverbs")
+           : "no libibverbs";
+  s += peermem ? ", nvidia_peermem loaded" : ", no nvidia_peermem module";
+  return s;
 }
 
 bool verbs_serves(const Nic& nic, const VerbsOptions& opt, const std::vector<RdmaPort>& ports, std::string* why) {

@@ -58,7 +58,7 @@ struct VerbsOptions {
   int timeout = 14;                   // R2CCL_IB_TIMEOUT, 1..31
   int retry_count = 7;                // R2CCL_IB_RETRY_COUNT, 0..7
   int traffic_class = 0;              // RoCE GRH traffic class (DSCP << 2)
-  uint32_t segment_bytes = 64 << 10;  // payload bytes per bounce buffer, beyond the frame header
+  uint32_t segment_bytes = 1u << 16;  // payload bytes per bounce buffer, beyond the frame header (64 KiB)
   uint32_t send_buffers = 32;         // send bounce buffers per link
   uint32_t recv_buffers = 32;         // receive buffers per link for data (the peer's credits)
   int bootstrap_timeout_ms = 5000;    // a setup exchange not done by then fails
@@ -69,6 +69,11 @@ struct VerbsOptions {
 // Why the verbs backend cannot run in this process ("" when it can): not built (no rdma-core
 // headers at build time), libibverbs not loadable, or no RDMA device.
 std::string verbs_unavailable_reason();
+
+// What GPUDirect RDMA would need that this host has, as a sentence: libibverbs with
+// ibv_reg_dmabuf_mr, the nvidia-peermem module. The data path does not use it: frames are
+// copied through host bounce buffers (docs/design.md §10), so no device memory is registered.
+std::string gpudirect_report();
 
 // Whether `nic` maps to an ACTIVE RDMA port in `ports` (rdma_ports(): one scan serves every
 // NIC; under emulation a scan takes ~0.3 s) and the backend can run (R2CCL_TRANSPORT=auto
