@@ -1093,7 +1093,10 @@ class VerbsListener final : public FrameListener {
   }
 
  private:
-  static constexpr size_t kMaxPending = 64;
+  // Setups in progress at once. Each holds a QP and its bounce buffers (~4.3 MiB pinned)
+  // before the peer has proven the job's secret (that happens over the QP), so strangers on
+  // the port can pin at most this many, each for at most the setup timeout.
+  static constexpr size_t kMaxPending = 16;
   struct Pending {
     std::unique_ptr<StreamSocket> sock;   // moved into the link once it is made
     std::unique_ptr<VerbsLink> link;
