@@ -14,10 +14,9 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
-#include <dirent.h>
-#include <fstream>
 
 #include "base/log.h"
+#include "base/sysfs.h"
 
 namespace r2ccl::monitor {
 
@@ -41,38 +40,21 @@ double unix_s() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
-std::string read_line(const std::string& path) {
-  std::ifstream f(path);
-  std::string s;
-  if (f) std::getline(f, s);
-  return s;
-}
-
 // Link state from sysfs; true when unknown (no such file: loopback, address-only NICs).
 bool sysfs_link_up(const std::string& ifname, std::string* why) {
   if (ifname.empty()) return true;
-  std::string op = read_line("/sys/class/net/" + ifname + "/operstate");
+  std::string op = read_first_line("/sys/class/net/" + ifname + "/operstate");
   if (op.empty()) return true;
   if (op == "down" || op == "lowerlayerdown" || op == "notpresent") {
     *why = "operstate " + op + " (sysfs)";
     return false;
   }
-  std::string carrier = read_line("/sys/class/net/" + ifname + "/carrier");
+  std::string carrier = read_first_line("/sys/class/net/" + ifname + "/carrier");
   if (carrier == "0") {
     *why = "no carrier (sysfs)";
     return false;
   }
   return true;
-}
-
-std::vector<std::string> list_dir(const std::string& path) {
-  std::vector<std::string> out;
-  DIR* d = opendir(path.c_str());
-  if (!d) return out;
-  while (dirent* e = readdir(d))
-    if (e->d_name[0] != '.') out.push_back(e->d_name);
-  closedir(d);
-  return out;
 }
 
 std::string fmt_rate(double bps) {
@@ -247,7 +229,7 @@ void Monitor::poll_ib() {
     bool active = false;
     std::string states;
     for (auto& path : t.ib_ports) {
-      std::string s = read_line(path);   // e.g. "4: ACTIVE", "1: DOWN"
+      std::string s = read_first_line(path);   // e.g. "4: ACTIVE", "1: DOWN"
       active = active || s.find("ACTIVE") != std::string::npos;
       states += (states.empty() ? "" : ", ") + s;
     }

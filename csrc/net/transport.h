@@ -178,9 +178,16 @@ class Transport {
   // failure known at once (no route) is reported by finish_connect, not thrown.
   virtual std::unique_ptr<FrameLink> connect(const Nic& local, const NetAddr& remote, const LinkOptions& opt) = 0;
   // Memory registration: posts must name a region covering their bytes when this is true.
-  virtual bool needs_registration() const = 0;
-  virtual MemRegion register_memory(const void* base, size_t len) = 0;
-  virtual void deregister_memory(const MemRegion& mr) = 0;
+  // The defaults are a transport's that needs none (sockets; verbs, which copies into its
+  // own registered buffers): a region with no keys, and nothing to undo.
+  virtual bool needs_registration() const { return false; }
+  virtual MemRegion register_memory(const void* base, size_t len) {
+    MemRegion m;
+    m.base = base;
+    m.len = len;
+    return m;
+  }
+  virtual void deregister_memory(const MemRegion&) {}
 };
 
 // The TCP backend (net/socket): frames as bytes on a stream, no registration. io_threads 0:

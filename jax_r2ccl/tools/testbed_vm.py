@@ -7,7 +7,7 @@
   down                  end our guests (by the PIDs we recorded), remove the state (idempotent)
   run [--timeout S] GUEST [--] CMD...
                         run CMD in guest GUEST (as root, in the host's root filesystem, read-only,
-                        with tmpfs on /tmp); prints its output, exits with its status
+                        /tmp is the host's under a writable overlay); prints its output, exits with its status
   fail GUEST NIC        NIC loses carrier (from outside: the guest's monitor)
   heal GUEST NIC        NIC gets carrier back
   flap GUEST NIC DOWN_MS UP_MS COUNT
@@ -181,7 +181,7 @@ $B mount -t 9p -o trans=virtio,version=9p2000.L,ro hostroot /newroot || $B power
 $B mount -t 9p -o trans=virtio,version=9p2000.L share /newroot/mnt || $B poweroff -f
 $B mkdir -p /newroot/mnt/common
 $B mount -t 9p -o trans=virtio,version=9p2000.L common /newroot/mnt/common || $B poweroff -f
-for d in tmp run var/tmp; do $B mount -t tmpfs tmpfs /newroot/$d; done
+for d in run var/tmp; do $B mount -t tmpfs tmpfs /newroot/$d; done
 for d in proc sys dev; do $B mount --move /$d /newroot/$d; done
 exec $B chroot /newroot /bin/sh /mnt/agent.sh
 """
@@ -192,6 +192,11 @@ exec $B chroot /newroot /bin/sh /mnt/agent.sh
 _AGENT = """#!/bin/sh
 export PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/tmp
 hostname r2vm{g}
+# /tmp: the host's (a checkout or a venv may live there) with the guest's writes on a tmpfs
+# above it (overlayfs); a plain tmpfs where overlay is not available.
+modprobe overlay 2>/dev/null; mkdir -p /run/tmp-rw/upper /run/tmp-rw/work
+mount -t overlay overlay -o lowerdir=/tmp,upperdir=/run/tmp-rw/upper,workdir=/run/tmp-rw/work /tmp ||
+  mount -t tmpfs tmpfs /tmp
 # The root filesystem is the host's, read-only: the guest's own name goes into a private copy
 # of /etc/hosts bound over it (gloo and others resolve the hostname).
 cp /etc/hosts /tmp/hosts && echo "198.18.0.{host} r2vm{g}" >> /tmp/hosts && mount --bind /tmp/hosts /etc/hosts

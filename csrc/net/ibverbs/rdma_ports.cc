@@ -2,32 +2,14 @@
 #include "net/ibverbs/rdma_ports.h"
 
 #include <arpa/inet.h>
-#include <dirent.h>
 
 #include <algorithm>
 #include <cstdlib>
-#include <fstream>
+
+#include "base/sysfs.h"
 
 namespace r2ccl {
 namespace {
-
-std::string read_line(const std::string& path) {
-  std::ifstream f(path);
-  std::string s;
-  if (!f || !std::getline(f, s)) return "";
-  while (!s.empty() && (s.back() == '\n' || s.back() == ' ' || s.back() == '\0')) s.pop_back();
-  return s;
-}
-
-std::vector<std::string> list_dir(const std::string& path) {
-  std::vector<std::string> out;
-  DIR* d = opendir(path.c_str());
-  if (!d) return out;
-  while (dirent* e = readdir(d))
-    if (e->d_name[0] != '.') out.push_back(e->d_name);
-  closedir(d);
-  return out;
-}
 
 bool numeric(const std::string& s) {
   return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
@@ -66,12 +48,12 @@ std::vector<RdmaPort> rdma_ports(const std::string& sys_root) {
       RdmaPort r;
       r.device = dev;
       r.port = std::atoi(p.c_str());
-      std::string st = read_line(pd + "/state");   // "4: ACTIVE"
+      std::string st = read_first_line(pd + "/state");   // "4: ACTIVE"
       r.state = std::atoi(st.c_str());
       auto colon = st.find(':');
       r.state_name = colon == std::string::npos ? st : st.substr(colon + 1 + (colon + 1 < st.size() && st[colon + 1] == ' '));
-      r.link_layer = read_line(pd + "/link_layer");
-      r.rate = read_line(pd + "/rate");
+      r.link_layer = read_first_line(pd + "/link_layer");
+      r.rate = read_first_line(pd + "/rate");
       auto gids = list_dir(pd + "/gids");
       std::sort(gids.begin(), gids.end(), [](const std::string& a, const std::string& b) {
         return std::atoi(a.c_str()) < std::atoi(b.c_str());
@@ -80,12 +62,12 @@ std::vector<RdmaPort> rdma_ports(const std::string& sys_root) {
         if (!numeric(g)) continue;
         // A GID table has up to hundreds of slots, mostly empty (all zeros): the type and netdev
         // are read only for IPv4-mapped ones, so a scan costs one read per slot.
-        std::string ip = mapped_ipv4(read_line(pd + "/gids/" + g));
+        std::string ip = mapped_ipv4(read_first_line(pd + "/gids/" + g));
         if (ip.empty()) continue;
         // Unset GID slots (and some providers) answer EINVAL for the type: skip those.
-        if (read_line(pd + "/gid_attrs/types/" + g) != "RoCE v2") continue;
+        if (read_first_line(pd + "/gid_attrs/types/" + g) != "RoCE v2") continue;
         r.roce_v2_ipv4.push_back({std::atoi(g.c_str()), ip});
-        if (r.netdev.empty()) r.netdev = read_line(pd + "/gid_attrs/ndevs/" + g);
+        if (r.netdev.empty()) r.netdev = read_first_line(pd + "/gid_attrs/ndevs/" + g);
       }
       if (r.netdev.empty() && dev_net.size() == 1) r.netdev = dev_net[0];
       out.push_back(std::move(r));

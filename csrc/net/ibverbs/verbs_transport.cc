@@ -1168,15 +1168,8 @@ class VerbsTransport final : public Transport {
     return std::make_unique<VerbsLink>(std::move(at), opt_, opt.header_bytes,
                                        socket_detail::connect_socket(local, remote, opt), true);
   }
-  // Posts are copied into the link's own registered buffers: nothing of the caller's needs a key.
-  bool needs_registration() const override { return false; }
-  MemRegion register_memory(const void* base, size_t len) override {
-    MemRegion m;
-    m.base = base;
-    m.len = len;
-    return m;
-  }
-  void deregister_memory(const MemRegion&) override {}
+  // Registration: the seam's defaults (none). Posts are copied into the link's own
+  // registered buffers, so nothing of the caller's needs a key.
 
  private:
   Devices devices_;

@@ -257,14 +257,7 @@ class TcpTransport final : public Transport {
   std::unique_ptr<FrameLink> connect(const Nic& local, const NetAddr& remote, const LinkOptions& opt) override {
     return make_link(pool_, local, socket_detail::connect_socket(local, remote, opt), opt.header_bytes, true);
   }
-  bool needs_registration() const override { return false; }
-  MemRegion register_memory(const void* base, size_t len) override {
-    MemRegion m;
-    m.base = base;
-    m.len = len;
-    return m;
-  }
-  void deregister_memory(const MemRegion&) override {}
+  // Registration: the seam's defaults (sockets need none).
 
  private:
   std::shared_ptr<IoPool> pool_;   // null: every link's I/O runs on its poster's thread
