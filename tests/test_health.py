@@ -3,6 +3,8 @@ a matching weight and gets its share back when it recovers; a NIC declared down 
 rails on both ends at once and is re-admitted when declared up. Every transfer bit-exact.
 (The kernel's link events are tested on the test bed: test_testbed.py.)"""
 
+import pytest
+
 from harness import LOOPBACK4, run_ranks
 
 MB = 1 << 20
@@ -16,6 +18,7 @@ def _kinds(events, rail=None):
     return [e["kind"] for e in events if rail is None or e["rail"] == rail]
 
 
+@pytest.mark.timing
 def test_degraded_rail_gets_a_matching_weight_and_its_share_back_when_healed():
     rate = 40e6   # every rail of the sender capped: loopback behaves like 4 x 40 MB/s
     res = run_ranks("monitored_transfer", 2, nics=LOOPBACK4, timeout=90,

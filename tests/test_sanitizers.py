@@ -55,6 +55,7 @@ def test_transport_suite_is_clean_under_asan_and_ubsan(tmp_path):
     env["ASAN_OPTIONS"] = "detect_leaks=0:abort_on_error=0:halt_on_error=1:exitcode=86"
     env["UBSAN_OPTIONS"] = "print_stacktrace=1:halt_on_error=1:exitcode=87"
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--timeout=600",
+                        "-m", "not timing",   # rates and times: asserted in the plain run
                         *(str(ROOT / "tests" / f) for f in ("test_transport.py", "test_health.py", "test_plans.py",
                                                              "test_staging.py", "test_core_faults.py",
                                                              "test_communicator.py"))],
