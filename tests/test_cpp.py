@@ -25,7 +25,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 BUILD_ROOT = ROOT / "build" / "pytest-cpp"
-TARGETS = ("test_wire", "test_digest", "test_reduce", "test_plan", "test_rail_pace", "test_channel_sim", "test_verbs_host", "test_socket_link")
+TARGETS = ("test_wire", "test_handshake", "test_digest", "test_reduce", "test_plan", "test_rail_pace", "test_channel_sim", "test_verbs_host", "test_socket_link")
 PLANTED = ("test_channel_sim_planted_dedup", "test_channel_sim_planted_retransmit")
 ARGS = {("test_channel_sim", "plain"): ["--schedules", "100000"],
         ("test_channel_sim", "sanitize"): ["--schedules", "10000"]}

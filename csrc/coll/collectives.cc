@@ -3,6 +3,7 @@
 // order, and the sends that follow a reduction. The executor thread steps every Op whenever
 // a message finishes. Knows nothing of sockets, rails or JAX.
 #include "coll/collectives.h"
+#include "coll/signature.h"
 #include "base/enum_names.h"
 
 #include <algorithm>
@@ -340,31 +341,12 @@ class Executor::Op {
     for (size_t i = 1; i < c_.out.size(); i++) final_copies_.push_back({c_.out[i], c_.out[0], out_elems * esize_});
   }
 
-  // What this process believes the collective is; every peer in the group sends its own and
-  // a difference (dtype, op, size, root, group) fails the call on every process with both
-  // versions named. Equal-sized mismatches (float32 vs int32) would otherwise go unseen.
-  using Sig = std::array<uint64_t, 6>;
-  std::array<uint64_t, 6> signature() const {
-    uint64_t group_hash = 0xCBF29CE484222325ull;
-    for (int p : c_.process_of_rank) group_hash = (group_hash ^ static_cast<uint64_t>(p)) * 0x100000001B3ull;
-    const uint64_t plan = c_.kind == Kind::kAllReduce ? static_cast<uint64_t>(plan_kind_) : 0;
-    // Words 4 and 5 say which collective instance this is (an announcement recognisable in a
-    // peer's staging: see diverged()); only words 0-3 are compared.
-    return {static_cast<uint64_t>(c_.kind) | static_cast<uint64_t>(c_.dtype) << 8 | static_cast<uint64_t>(c_.op) << 16 |
-                plan << 24,
-            c_.count, static_cast<uint64_t>(c_.root), group_hash, kSigMagic, c_.tag};
-  }
-
-  static std::string describe_signature(const Sig& s) {
-    auto kind = static_cast<Kind>(s[0] & 0xff);
-    auto dtype = static_cast<DType>((s[0] >> 8) & 0xff);
-    auto op = static_cast<ReduceOp>((s[0] >> 16) & 0xff);
-    auto plan = static_cast<PlanKind>((s[0] >> 24) & 0xff);
-    if ((s[0] & 0xff) > 4 || ((s[0] >> 8) & 0xff) > 10 || ((s[0] >> 16) & 0xff) > 3 || ((s[0] >> 24) & 0xff) > 4)
-      return "an unknown collective";
-    return std::string(kind_name(kind)) + " of " + std::to_string(s[1]) + " " + dtype_name(dtype) + " (" +
-           reduce_op_name(op) + ", root " + std::to_string(s[2]) +
-           (kind == Kind::kAllReduce ? std::string(", plan ") + plan_name(plan) : std::string()) + ")";
+  // What this process believes the collective is (coll/signature.h); every peer in the
+  // group sends its own and a difference (dtype, op, size, root, group) fails the call on
+  // every process with both versions named. Equal-sized mismatches (float32 vs int32) would
+  // otherwise go unseen.
+  Sig signature() const {
+    return make_signature(c_.kind, c_.dtype, c_.op, plan_kind_, c_.count, c_.root, c_.process_of_rank, c_.tag);
   }
 
   // Separate signature messages (large collectives; small all-reduces carry theirs in front
@@ -375,9 +357,9 @@ class Executor::Op {
   void exchange_signatures(bool with_capacity = false) {
     if (procs_.size() < 2) return;
     uint64_t tag = mix_tag(c_.tag, 0, 0, 0, 0);
-    const uint64_t len = kSigBytes + sizeof(double);
+    const uint64_t len = kSigMessageBytes;
     uint8_t* mine = temp(len);
-    std::memcpy(mine, my_sig_.data(), kSigBytes);
+    encode_signature(my_sig_, mine);
     const double cap = with_capacity ? my_capacity_ : 0.0;
     std::memcpy(mine + kSigBytes, &cap, sizeof(double));
     for (int q : procs_) {
@@ -401,7 +383,7 @@ class Executor::Op {
         continue;
       }
       for (const SigMsg& sm : sig_msgs_)
-        if (sm.peer_process == procs_[qi]) std::memcpy(&caps[static_cast<size_t>(qi)], sm.where + kSigBytes, sizeof(double));
+        if (sm.peer_process == procs_[qi]) caps[static_cast<size_t>(qi)] = decode_capacity(sm.where + kSigBytes);
     }
     const uint64_t N = c_.count;
     PlanChoice pc = choose_plan(plan_kind_, caps, static_cast<double>(N * esize_), 1.0, 0.0);
@@ -453,8 +435,8 @@ class Executor::Op {
   bool foreign_announcement(int peer, Sig* out) {
     for (auto& [tag, head] : ep_.staged_heads(peer, kSigBytes)) {
       (void)tag;
-      std::memcpy(out->data(), head.data(), kSigBytes);
-      if ((*out)[4] == kSigMagic && (*out)[5] != c_.tag && !ex_->ran((*out)[5])) return true;
+      *out = decode_signature(head.data());
+      if (is_announcement(*out) && (*out)[5] != c_.tag && !ex_->ran((*out)[5])) return true;
     }
     return false;
   }
@@ -485,9 +467,8 @@ class Executor::Op {
   bool signatures_agree() {
     for (const SigMsg& sm : sig_msgs_) {
       if (!msgs_[sm.msg].req->finished() || msgs_[sm.msg].req->failed()) continue;
-      Sig peer;
-      std::memcpy(peer.data(), sm.where, kSigBytes);
-      if (!std::equal(peer.begin(), peer.begin() + 4, my_sig_.begin())) {
+      const Sig peer = decode_signature(sm.where);
+      if (!same_call(peer, my_sig_)) {
         Error e(Cause::kMismatch, sm.peer_process,
                 "process " + std::to_string(sm.peer_process) + " called " + describe_signature(peer) +
                     " but process " + std::to_string(me_) + " called " + describe_signature(my_sig_) +
@@ -625,7 +606,7 @@ class Executor::Op {
     uint64_t tag = mix_tag(c_.tag, 9, 0, 0, 0);
     if (P > 1) {
       uint8_t* out = temp(framed);
-      std::memcpy(out, my_sig_.data(), kSigBytes);
+      encode_signature(my_sig_, out);
       if (bytes) std::memcpy(out + kSigBytes, S, bytes);
       for (int q : procs_)
         if (q != me_) send(q, tag, out, framed);
@@ -680,8 +661,6 @@ class Executor::Op {
   };
   std::vector<SigMsg> sig_msgs_;
   std::set<int> sig_sends_;  // message indices of this process's signature sends
-  static constexpr uint64_t kSigBytes = 48;
-  static constexpr uint64_t kSigMagic = 0x5347495343435232ull;   // "2RCCSIGS"
   int64_t started_ns_ = 0;       // diverged(): when this op started, and its last look at staging
   int64_t next_probe_ns_ = 0;
   bool suspect_ = false;

@@ -10,10 +10,15 @@ namespace r2ccl::coll {
 
 namespace {
 constexpr double kMinCapacity = 1e-3;   // a process with no NIC left still gets a finite time
+// No host has a million healthy NICs: a larger capacity (a peer's bytes say so) is clamped,
+// so sums of capacities stay finite (the fuzzer found 1e308s summing to infinity and
+// every share becoming 0: tests/fuzz/regressions/signature/).
+constexpr double kMaxCapacity = 1e6;
 
 std::vector<double> clamp_capacities(const std::vector<double>& c) {
   std::vector<double> out(c.size());
-  for (size_t i = 0; i < c.size(); i++) out[i] = std::isfinite(c[i]) ? std::max(c[i], kMinCapacity) : kMinCapacity;
+  for (size_t i = 0; i < c.size(); i++)
+    out[i] = std::isfinite(c[i]) ? std::clamp(c[i], kMinCapacity, kMaxCapacity) : kMinCapacity;
   return out;
 }
 }  // namespace
@@ -139,7 +144,10 @@ std::vector<uint64_t> share_boundaries(const std::vector<double>& shares, uint64
   double cum = 0;
   for (size_t i = 0; i < P; i++) {
     cum += shares[i];
-    uint64_t v = i + 1 == P ? n : static_cast<uint64_t>(std::floor(static_cast<double>(n) * cum + 0.5));
+    // In double until clamped: n * cum may round past n (or be NaN for shares no process
+    // sends, see tests/fuzz/fuzz_signature.cc), and a cast out of range is undefined.
+    const double x = std::floor(static_cast<double>(n) * cum + 0.5);
+    const uint64_t v = i + 1 == P || !(x < static_cast<double>(n)) ? n : x > 0 ? static_cast<uint64_t>(x) : 0;
     b[i + 1] = std::clamp<uint64_t>(v, b[i], n);
   }
   return b;

@@ -20,6 +20,7 @@
 
 #include "base/config.h"
 #include "core/channel.h"
+#include "core/handshake.h"
 #include "core/endpoint.h"
 #include "net/transport.h"
 
@@ -38,14 +39,11 @@ struct Pending {
   std::unique_ptr<FrameLink> link;
   Pollable poll{Pollable::kPending};
   int nic = 0;
-  int stage = 0;                  // 0: await hello, 1: await auth
+  AcceptorHandshake hs{nullptr, 0, 0, 0};   // hello, challenge, auth (core/handshake.h)
   bool parked = false;            // hello names a peer not yet added; wait for add_peer
   bool dead = false;
   RxFrame rx;
   bool piece_posted = false;
-  uint8_t hello[kHelloBytes];
-  HelloBody hb{};
-  std::array<uint8_t, kNonceBytes> nonce{};
   int64_t deadline_ns = 0;
   std::string desc;
 };
@@ -66,8 +64,7 @@ struct Link {
   uint32_t events = 0;             // epoll interest currently registered
   uint32_t epoch = 0;
   bool flushing = false;           // inside rail_flush (a kick from within is a no-op)
-  // connector handshake
-  uint8_t hello[kHelloBytes];
+  ConnectorHandshake hs;           // this attempt's side of the handshake (core/handshake.h)
   int64_t attempt_deadline_ns = 0;
   int64_t next_attempt_ns = 0;
   bool refused = false;            // the last connect attempt was actively refused

@@ -35,6 +35,7 @@ void Engine::accept_all(int nic) {
     auto p = std::make_unique<Pending>();
     p->link = std::move(c);
     p->nic = nic;
+    p->hs = AcceptorHandshake(&secret_, job_id_, rank_, world_);
     p->poll.obj = p.get();
     p->deadline_ns = now_ns() + cfg_.connect_timeout_ms * kMs;
     p->desc = p->link->describe();
@@ -63,15 +64,15 @@ void Engine::pending_read(Pending& p) {
         // A dial that closes without a byte (a liveness probe, a port check) is not an intruder.
         const LinkFailure& f = p.link->failure();
         const bool eof = f.error == LinkError::kClosedByPeer && f.sys_error == 0;
-        const bool quiet = eof && p.stage == 0 && p.rx.hdr_got == 0;
+        const bool quiet = eof && p.hs.awaits_hello() && p.rx.hdr_got == 0;
         pending_reject(p, eof ? "closed before the handshake finished" : "read error: " + f.detail, quiet);
         return;
       }
       std::memcpy(p.rx.hdr, c.header, kHeaderBytes);
       std::string bad = decode_header(p.rx.hdr, limits_, &p.rx.h);
       if (!bad.empty()) return pending_reject(p, "invalid frame: " + bad);
-      FrameType want = p.stage == 0 ? FrameType::kHello : FrameType::kAuth;
-      if (p.rx.h.type != want) return pending_reject(p, "unexpected frame type during handshake");
+      bad = p.hs.on_header(p.rx.h);
+      if (!bad.empty()) return pending_reject(p, bad);
       // (decode_header has checked a handshake frame's length: a hello is kHelloBytes.)
       p.rx.ctrl.resize(p.rx.h.payload_len);
       p.link->accept_header(p.rx.ctrl.size());
@@ -83,30 +84,23 @@ void Engine::pending_read(Pending& p) {
     if (c.kind != LinkCompletion::kPayload) return pending_reject(p, "closed during the handshake");
     p.rx.reset();
     p.rx.hdr_got = 0;
-    if (p.stage == 0) {
-      std::memcpy(p.hello, p.rx.ctrl.data(), kHelloBytes);
-      p.hb = decode_hello(p.hello);
+    if (p.hs.awaits_hello()) {
+      std::string bad = p.hs.on_hello(p.rx.ctrl.data());
+      if (!bad.empty()) return pending_reject(p, bad);
       pending_hello(p);
       if (p.dead || p.parked) return;
     } else {
-      auto want = handshake_mac(secret_, kConnectorLabel, p.hello, p.nonce.data());
-      std::array<uint8_t, kMacBytes> got;
-      std::memcpy(got.data(), p.rx.ctrl.data(), kMacBytes);
-      if (!mac_equal(want, got)) return pending_reject(p, "wrong proof of the job secret");
+      if (!p.hs.on_auth(p.rx.ctrl.data())) return pending_reject(p, "wrong proof of the job secret");
       admit(p);
       return;
     }
   }
 }
 
-// Validates a hello and answers with a challenge (or parks it until its peer is added).
+// A valid hello (job, ranks: AcceptorHandshake::on_hello) against the peers this engine has:
+// answered with a challenge, or parked until its peer is added.
 void Engine::pending_hello(Pending& p) {
-  const HelloBody& h = p.hb;
-  if (h.job_id != job_id_) return pending_reject(p, "hello from another job (job id mismatch)");
-  if (static_cast<int>(h.to_rank) != rank_)
-    return pending_reject(p, "hello meant for rank " + std::to_string(h.to_rank));
-  if (static_cast<int>(h.from_rank) >= world_ || static_cast<int>(h.from_rank) <= rank_)
-    return pending_reject(p, "hello from invalid rank " + std::to_string(h.from_rank));
+  const HelloBody& h = p.hs.hello();
   auto it = peers_.find(static_cast<int>(h.from_rank));
   if (it == peers_.end()) {
     p.parked = true;   // bootstrap race: the peer dialled before add_peer() ran here
@@ -122,20 +116,17 @@ void Engine::pending_hello(Pending& p) {
   if (l.fault == Fault::kClose || l.fault == Fault::kStall)
     return pending_reject(p, "rail " + std::to_string(h.rail) + " is held down by an injected fault", true);
   epoll_mod(p.link->wait_fd(), &p.poll, EPOLLIN);
-  random_bytes(p.nonce.data(), kNonceBytes);
-  auto mac = handshake_mac(secret_, kAcceptorLabel, p.hello, p.nonce.data());
-  std::vector<uint8_t> body(p.nonce.begin(), p.nonce.end());
-  body.insert(body.end(), mac.begin(), mac.end());
+  uint8_t nonce[kNonceBytes];
+  random_bytes(nonce, kNonceBytes);
   TxFrame f;
-  encode_control(&f, FrameType::kChallenge, std::move(body));
+  encode_control(&f, FrameType::kChallenge, p.hs.challenge(nonce));
   // A fresh link has room for 128 bytes; anything else means it is already broken.
   if (!send_at_once(*p.link, f)) return pending_reject(p, "could not send the challenge");
-  p.stage = 1;
 }
 
 void Engine::admit(Pending& p) {
-  Peer& pr = *peers_.at(static_cast<int>(p.hb.from_rank));
-  const int idx = static_cast<int>(p.hb.rail);
+  Peer& pr = *peers_.at(static_cast<int>(p.hs.hello().from_rank));
+  const int idx = static_cast<int>(p.hs.hello().rail);
   Link& l = *pr.links[static_cast<size_t>(idx)];
   const Rail& r = pr.rail(idx);
   if (nic_down_[static_cast<size_t>(r.local_nic)])
@@ -148,7 +139,7 @@ void Engine::admit(Pending& p) {
     pr.core->fail_rail(idx, FailReason::kReplaced, "replaced by a new connection from the peer", now_ns());
   if (l.link) drop_link(pr, l, false);
   set_link(l, std::move(p.link));
-  l.epoch = p.hb.epoch;
+  l.epoch = p.hs.hello().epoch;
   l.events = EPOLLIN;
   epoll_mod(l.link->wait_fd(), &l.poll, EPOLLIN);
   p.dead = true;

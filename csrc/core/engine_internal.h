@@ -20,8 +20,6 @@ namespace detail {
 constexpr int64_t kMs = 1000000;
 constexpr size_t kMaxPendings = 64;
 constexpr int64_t kEagerDrainNs = 5000 * kMs;   // most a close waits for eager sends to be acked (or R2CCL_TIMEOUT)
-constexpr char kAcceptorLabel[] = "r2ccl-v1-acceptor";
-constexpr char kConnectorLabel[] = "r2ccl-v1-connector";
 
 inline void random_bytes(uint8_t* out, size_t n) {
   while (n > 0) {
@@ -33,12 +31,6 @@ inline void random_bytes(uint8_t* out, size_t n) {
     out += got;
     n -= static_cast<size_t>(got);
   }
-}
-
-inline std::array<uint8_t, kMacBytes> handshake_mac(const std::string& secret, const char* label,
-                                             const uint8_t* hello, const uint8_t* nonce) {
-  ByteSpan parts[3] = {{label, std::strlen(label)}, {hello, kHelloBytes}, {nonce, kNonceBytes}};
-  return hmac_sha256(secret.data(), secret.size(), parts, 3);
 }
 
 inline const char* fault_name(Fault f) {

@@ -98,10 +98,10 @@ void Engine::rail_writable(Peer& pr, Link& l) {
     h.rail = static_cast<uint32_t>(l.index);
     h.epoch = l.epoch;
     random_bytes(h.nonce.data(), kNonceBytes);
-    encode_hello(h, l.hello);
+    l.hs = ConnectorHandshake(&secret_);
     pr.core->link_state(l.index, RailState::kHandshake);
     TxFrame f;
-    encode_control(&f, FrameType::kHello, std::vector<uint8_t>(l.hello, l.hello + kHelloBytes));
+    encode_control(&f, FrameType::kHello, l.hs.hello(h));
     pr.core->transport_frame(l.index, std::move(f));
     rail_flush(pr, l);
     return;
@@ -209,28 +209,26 @@ void Engine::handshake_frame(Peer& pr, Link& l) {
   Rail& r = pr.rail(l.index);
   const FrameHeader& h = r.rx.h;
   const std::vector<uint8_t>& body = r.rx.ctrl;
-  if (r.state == RailState::kHandshake && h.type == FrameType::kChallenge && body.size() == kChallengeBytes) {
-    std::array<uint8_t, kMacBytes> got;
-    std::memcpy(got.data(), body.data() + kNonceBytes, kMacBytes);
-    auto want = handshake_mac(secret_, kAcceptorLabel, l.hello, body.data());
-    if (!mac_equal(want, got)) {
-      R2_WARN("%s: the listener failed to prove the job secret; dropping it", pr.core->rail_name(l.index).c_str());
-      attempt_failed(pr, l, "listener failed to prove the job secret", false);
+  Mac auth;
+  std::string why;
+  switch (r.state == RailState::kHandshake ? l.hs.on_frame(h, body, &auth, &why) : ConnectorHandshake::Step::kFail) {
+    case ConnectorHandshake::Step::kSendAuth: {
+      TxFrame f;
+      encode_control(&f, FrameType::kAuth, std::vector<uint8_t>(auth.begin(), auth.end()));
+      pr.core->transport_frame(l.index, std::move(f));
+      rail_flush(pr, l);
       return;
     }
-    auto mac = handshake_mac(secret_, kConnectorLabel, l.hello, body.data());
-    TxFrame f;
-    encode_control(&f, FrameType::kAuth, std::vector<uint8_t>(mac.begin(), mac.end()));
-    pr.core->transport_frame(l.index, std::move(f));
-    rail_flush(pr, l);
-    return;
+    case ConnectorHandshake::Step::kUp:
+      r.rx.reset();
+      link_up(pr, l);
+      return;
+    case ConnectorHandshake::Step::kFail:
+      if (why.empty()) why = "unexpected frame during the handshake";
+      R2_WARN("%s: %s; dropping the connection", pr.core->rail_name(l.index).c_str(), why.c_str());
+      attempt_failed(pr, l, why, false);
+      return;
   }
-  if (r.state == RailState::kHandshake && h.type == FrameType::kWelcome) {
-    r.rx.reset();
-    link_up(pr, l);
-    return;
-  }
-  attempt_failed(pr, l, "unexpected frame during the handshake", false);
 }
 
 }  // namespace r2ccl

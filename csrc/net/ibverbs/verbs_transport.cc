@@ -4,6 +4,7 @@
 
 #include "base/error.h"
 #include "base/log.h"
+#include "net/ibverbs/boot_record.h"
 #include "net/ibverbs/rdma_ports.h"
 
 namespace r2ccl {
@@ -74,6 +75,7 @@ namespace {
 using socket_detail::classify_errno;
 using socket_detail::IoResult;
 using socket_detail::StreamSocket;
+using namespace r2ccl::verbs;
 
 // ---------------------------------------------------------------- the link's own format
 
@@ -88,68 +90,9 @@ constexpr uint8_t kOut = 2;     // the sender spent its last credit: return cred
 // to nobody), and the most credit-only messages one side has in flight.
 constexpr uint32_t kCtrlBuffers = 4;
 constexpr size_t kCtrlSlotBytes = 64;
-// The setup record, one each way on the bootstrap socket.
-constexpr uint32_t kBootMagic = 0x42563252;   // "R2VB"
-constexpr uint16_t kBootVersion = 1;
-constexpr size_t kBootBytes = 64;
 constexpr uint64_t kCtrlTag = 1ull << 32;     // wr_id of a credit-only SEND: kCtrlTag | slot
 
-void put16(uint8_t* p, uint16_t v) { p[0] = v & 0xff, p[1] = v >> 8; }
-void put32(uint8_t* p, uint32_t v) {
-  for (int i = 0; i < 4; i++) p[i] = static_cast<uint8_t>(v >> (8 * i));
-}
-uint16_t get16(const uint8_t* p) { return static_cast<uint16_t>(p[0] | (p[1] << 8)); }
-uint32_t get32(const uint8_t* p) {
-  return static_cast<uint32_t>(p[0]) | static_cast<uint32_t>(p[1]) << 8 | static_cast<uint32_t>(p[2]) << 16 |
-         static_cast<uint32_t>(p[3]) << 24;
-}
-
-struct BootRecord {
-  uint32_t qpn = 0, psn = 0;
-  uint16_t lid = 0;
-  uint8_t gid[16] = {};
-  uint32_t mtu = 0;            // enum ibv_mtu of the port
-  uint32_t credits = 0;        // data receive buffers offered
-  uint32_t capacity = 0;       // bytes after the prefix one receive buffer holds
-  uint32_t header_bytes = 0;
-  uint32_t reject = 0;         // 0: accepted; else why not (kReject*)
-};
-enum : uint32_t { kRejectNone = 0, kRejectHeader = 1, kRejectQp = 2 };
-
-void encode_boot(const BootRecord& r, uint8_t* b) {
-  std::memset(b, 0, kBootBytes);
-  put32(b, kBootMagic);
-  put16(b + 4, kBootVersion);
-  put32(b + 8, r.qpn);
-  put32(b + 12, r.psn);
-  put16(b + 16, r.lid);
-  std::memcpy(b + 20, r.gid, 16);
-  put32(b + 36, r.mtu);
-  put32(b + 40, r.credits);
-  put32(b + 44, r.capacity);
-  put32(b + 48, r.header_bytes);
-  put32(b + 52, r.reject);
-}
-
-// "" when well formed, else what is wrong (the peer is not a verbs link of this version).
-std::string decode_boot(const uint8_t* b, BootRecord* r) {
-  if (get32(b) != kBootMagic) return "the peer's setup record is not a jax_r2ccl verbs record (a socket-transport peer?)";
-  if (get16(b + 4) != kBootVersion)
-    return "the peer's verbs setup is version " + std::to_string(get16(b + 4)) + ", ours " + std::to_string(kBootVersion);
-  r->qpn = get32(b + 8);
-  r->psn = get32(b + 12);
-  r->lid = get16(b + 16);
-  std::memcpy(r->gid, b + 20, 16);
-  r->mtu = get32(b + 36);
-  r->credits = get32(b + 40);
-  r->capacity = get32(b + 44);
-  r->header_bytes = get32(b + 48);
-  r->reject = get32(b + 52);
-  if (r->mtu < IBV_MTU_256 || r->mtu > IBV_MTU_4096) return "the peer's setup record names no valid MTU";
-  if (r->credits < 1 || r->credits > 4096 || r->capacity < r->header_bytes || r->capacity > (1u << 25))
-    return "the peer's setup record offers impossible buffers";
-  return "";
-}
+static_assert(IBV_MTU_256 == kBootMtuMin && IBV_MTU_4096 == kBootMtuMax, "boot_record.h's MTU range is ibv_mtu's");
 
 std::string mtu_name(uint32_t m) { return std::to_string(128 << m); }
 

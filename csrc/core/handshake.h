@@ -1,0 +1,81 @@
+// The job-secret handshake, both sides, as pure state machines: a decoded frame in, a
+// decision out. The engine runs them over any FrameLink (engine_handshake.cc,
+// engine_rail_io.cc); the fuzz harnesses (tests/fuzz/) feed them a stranger's bytes.
+//
+//   connector -> hello     (job id, from rank, to rank, rail, epoch, connector nonce)
+//   acceptor  -> challenge (acceptor nonce, HMAC(secret, "acceptor" | hello | nonce))
+//   connector -> auth      (HMAC(secret, "connector" | hello | nonce))
+//   acceptor  -> welcome   (the rail is up)
+//
+// Each side proves the secret before the other sends it anything of the job's: the acceptor
+// admits no rail before a valid auth, the connector takes no welcome before a valid challenge.
+// What this proves and what it does not: docs/security.md. Knows nothing of sockets.
+#pragma once
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/wire.h"
+
+namespace r2ccl {
+
+using Mac = std::array<uint8_t, kMacBytes>;
+
+// HMAC-SHA256(secret, label | hello | nonce): the proofs both sides exchange.
+Mac handshake_mac(const std::string& secret, const char* label, const uint8_t hello[kHelloBytes],
+                  const uint8_t nonce[kNonceBytes]);
+inline constexpr char kAcceptorLabel[] = "r2ccl-v1-acceptor";
+inline constexpr char kConnectorLabel[] = "r2ccl-v1-connector";
+
+// The listener's side of one accepted connection.
+class AcceptorHandshake {
+ public:
+  AcceptorHandshake(const std::string* secret, uint64_t job_id, int rank, int world)
+      : secret_(secret), job_id_(job_id), rank_(rank), world_(world) {}
+
+  // A header arrived (decode_header accepted it): empty when its payload is to be read, else
+  // why the connection is refused (a frame other than the one this stage expects).
+  std::string on_header(const FrameHeader& h) const;
+  // The hello's body: empty when it is for this job and this rank from a rank that dials us
+  // (hello() then holds it), else why not. Which rails the peer has is the engine's to check.
+  std::string on_hello(const uint8_t body[kHelloBytes]);
+  // The challenge's body (our nonce and our proof); `nonce` is fresh random bytes.
+  std::vector<uint8_t> challenge(const uint8_t nonce[kNonceBytes]);
+  // The auth's body: true when it proves the secret (then the rail may be admitted).
+  bool on_auth(const uint8_t body[kAuthBytes]);
+
+  bool awaits_hello() const { return stage_ == 0; }
+  bool admitted() const { return stage_ == 3; }
+  const HelloBody& hello() const { return hb_; }
+
+ private:
+  const std::string* secret_;
+  uint64_t job_id_;
+  int rank_, world_;
+  int stage_ = 0;   // 0: await hello, 1: hello valid (challenge to send), 2: await auth, 3: admitted
+  uint8_t hello_[kHelloBytes] = {};
+  HelloBody hb_{};
+  uint8_t nonce_[kNonceBytes] = {};
+};
+
+// The dialler's side of one connection attempt.
+class ConnectorHandshake {
+ public:
+  explicit ConnectorHandshake(const std::string* secret = nullptr) : secret_(secret) {}
+
+  // Starts an attempt: the hello's body for `h` (its nonce is the caller's fresh random bytes).
+  std::vector<uint8_t> hello(const HelloBody& h);
+
+  enum class Step { kFail, kSendAuth, kUp };
+  // A frame during the handshake (decode_header accepted its header; `body` is its payload).
+  // kSendAuth: `auth` is the body to send; kUp: the listener admitted the rail; kFail: `why`.
+  Step on_frame(const FrameHeader& h, const std::vector<uint8_t>& body, Mac* auth, std::string* why);
+
+ private:
+  const std::string* secret_;
+  int stage_ = 0;   // 0: not started, 1: await challenge, 2: await welcome, 3: up
+  uint8_t hello_[kHelloBytes] = {};
+};
+
+}  // namespace r2ccl
