@@ -773,3 +773,38 @@ def gpu_subnormals(rank, world, local):
     s, d = jax.block_until_ready(f(x))
     return {"r2ccl_psum": float(np.asarray(s.addressable_shards[0].data)[0]),
             "xla_gpu_add": float(np.asarray(d.addressable_shards[0].data)[0])}
+
+
+def many_in_flight(rank, world, local, n=1000, size=16):
+    """`n` independent small psums in one jitted program (no data dependence between them,
+    so XLA may issue them all before any completes): every result equal to XLA's psum of the
+    same input, and the most collectives this process's executor held at once."""
+    jax, jnp, Mesh, NamedSharding, P = _jax()
+    import jax_r2ccl
+    mesh = Mesh(np.array(sorted(jax.devices(), key=lambda d: (d.process_index, d.id))), ("x",))
+    ndev = mesh.devices.size
+
+    def ours(v):
+        return jnp.stack([jax_r2ccl.psum(v[i], "x") for i in range(n)])
+
+    def xlas(v):
+        return jnp.stack([jax.lax.psum(v[i], "x") for i in range(n)])
+
+    spec = dict(mesh=mesh, in_specs=P(None, "x"), out_specs=P(None, "x"), check_vma=False)
+    f, g = jax.jit(jax.shard_map(ours, **spec)), jax.jit(jax.shard_map(xlas, **spec))
+    rng = np.random.default_rng(7)
+    full = rng.integers(-4, 5, (n, size * ndev)).astype(np.float32)
+    x = jax.make_array_from_callback(full.shape, NamedSharding(mesh, P(None, "x")), lambda idx: full[idx])
+    t0 = time.monotonic()
+    text = f.lower(x).as_text()
+    compiled = f.lower(x).compile()
+    t1 = time.monotonic()
+    a = compiled(x)
+    a.block_until_ready()
+    t2 = time.monotonic()
+    b = g(x)
+    got = [np.asarray(s.data) for s in a.addressable_shards]
+    want = [np.asarray(s.data) for s in b.addressable_shards]
+    from jax_r2ccl._src import runtime
+    return {"equal": all(np.array_equal(p, q) for p, q in zip(got, want)), "custom_calls": len(_custom_calls(text)),
+            "compile_s": t1 - t0, "run_s": t2 - t1, "peak_in_flight": runtime.current().comm.executor.peak_in_flight()}

@@ -1,13 +1,14 @@
 """Builds and runs the standalone C++ unit tests in tests/cpp (test_wire, test_digest, test_reduce,
-test_plan, test_rail_pace, test_channel_sim, test_verbs_host, test_socket_link), and the channel suite over two channels with a
+test_handshake, test_plan, test_rail_pace, test_channel_sim, test_verbs_host, test_socket_link), and the channel suite over two channels with a
 planted bug each (test_channel_sim_planted_dedup, _retransmit), which it must catch.
 
 test_channel_sim runs 100,000 seeded schedules (10,000 under the sanitizers, where each costs
-about ten times as much); a failure names its seed, and
+about ten times as much; 5,000 under ThreadSanitizer); a failure names its seed, and
 `build/pytest-cpp/plain/test_channel_sim --seed S --schedules 1 --verbose` replays it.
 
 The tests are configured with -DR2CCL_CPP_TESTS=ON -DR2CCL_PYTHON_MODULE=OFF and built once per pytest session for each
-variant (plain, and AddressSanitizer + UBSan via -DR2CCL_SANITIZE=ON) under
+variant (plain, AddressSanitizer + UBSan via -DR2CCL_SANITIZE=ON, ThreadSanitizer via
+-DR2CCL_TSAN=ON: any report fails the test) under
 build/pytest-cpp/<variant>; only the test targets and the core library they link are built,
 not the Python extension. Warnings are errors (R2CCL_WERROR defaults ON).
 """
@@ -28,10 +29,12 @@ BUILD_ROOT = ROOT / "build" / "pytest-cpp"
 TARGETS = ("test_wire", "test_handshake", "test_digest", "test_reduce", "test_plan", "test_rail_pace", "test_channel_sim", "test_verbs_host", "test_socket_link")
 PLANTED = ("test_channel_sim_planted_dedup", "test_channel_sim_planted_retransmit")
 ARGS = {("test_channel_sim", "plain"): ["--schedules", "100000"],
-        ("test_channel_sim", "sanitize"): ["--schedules", "10000"]}
+        ("test_channel_sim", "sanitize"): ["--schedules", "10000"],
+        ("test_channel_sim", "tsan"): ["--schedules", "5000"]}
 VARIANTS = {
     "plain": ["-DR2CCL_SANITIZE=OFF"],
     "sanitize": ["-DR2CCL_SANITIZE=ON"],
+    "tsan": ["-DR2CCL_TSAN=ON"],
 }
 
 
@@ -123,11 +126,14 @@ def test_cpp(cpp_build, name):
     if variant == "sanitize":
         env["ASAN_OPTIONS"] = "halt_on_error=1:abort_on_error=0:detect_stack_use_after_return=1"
         env["UBSAN_OPTIONS"] = "halt_on_error=1:print_stacktrace=1"
+    if variant == "tsan":
+        env["TSAN_OPTIONS"] = "halt_on_error=1:exitcode=66:second_deadlock_stack=1"
     proc = subprocess.run([str(binary), *ARGS.get((name, variant), [])], cwd=build_dir, env=env,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600)
     assert proc.returncode == 0, (
         f"{name} ({variant}) exited with {proc.returncode}; its output:\n{proc.stdout[-20000:]}")
     assert "all checks passed" in proc.stdout, f"{name} ({variant}) output:\n{proc.stdout}"
+    assert "ThreadSanitizer" not in proc.stdout, f"{name} ({variant}) output:\n{proc.stdout[-20000:]}"
 
 
 @pytest.mark.timeout(900)

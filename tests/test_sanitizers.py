@@ -1,5 +1,6 @@
 """The transport, health-monitor, plan and staging-pipeline tests once more, with the C++ core
-built under AddressSanitizer + UBSan.
+built under AddressSanitizer + UBSan, and the transport, collective, monitor, staging and JAX
+suites with it built under ThreadSanitizer.
 
 Builds jax_r2ccl._core with -DR2CCL_SANITIZE=ON in build/pytest-asan, stages it beside a
 copy of the Python package, and runs tests/test_transport.py, test_health.py, test_plans.py
@@ -21,6 +22,15 @@ from test_cpp import _cmake, _compiler, _ninja
 
 ROOT = Path(__file__).resolve().parent.parent
 BUILD = ROOT / "build" / "pytest-asan"
+TSAN_BUILD = ROOT / "build" / "pytest-tsan"
+# The engine, executor and monitor threads (transport, host collectives, health), the staging
+# pipeline's threads, and XLA's calling threads: two JAX programs (an r2ccl psum beside XLA's
+# own collective; a mismatch failing on every process). The whole JAX suite under TSan takes
+# over half an hour here (JAX itself runs 5-15x slower), so it runs in the plain suite only.
+TSAN_SUITES = ("test_transport.py", "test_health.py", "test_communicator.py", "test_host_collectives.py",
+               "test_core_faults.py", "test_staging.py",
+               "test_jax_collectives.py::test_xla_collective_after_an_r2ccl_one_in_the_same_program_does_not_deadlock",
+               "test_jax_collectives.py::test_mismatched_shapes_across_processes_fail_everywhere_without_hang")
 
 
 def _runtime(name: str, cxx: str) -> str | None:
@@ -28,41 +38,78 @@ def _runtime(name: str, cxx: str) -> str | None:
     return out if out and os.path.isabs(out) and os.path.exists(out) else None
 
 
-@pytest.mark.timeout(1500)
-def test_transport_suite_is_clean_under_asan_and_ubsan(tmp_path):
+def _build_and_stage(build: Path, option: str, stage: Path) -> None:
+    """Builds _core with `option` in `build` and stages it beside a copy of the package."""
     cmake, ninja, cxx = _cmake(), _ninja(), _compiler()
-    if not (cmake and ninja and cxx):
-        pytest.skip("needs cmake, ninja and a C++ compiler")
-    asan, ubsan = _runtime("libasan.so", cxx), _runtime("libubsan.so", cxx)
-    if not (asan and ubsan):
-        pytest.skip("the compiler has no libasan/libubsan runtime")
-    BUILD.mkdir(parents=True, exist_ok=True)
-    cfg = cmake + ["-S", str(ROOT), "-B", str(BUILD), "-G", "Ninja", f"-DCMAKE_MAKE_PROGRAM={ninja}",
-                   f"-DPython_EXECUTABLE={sys.executable}", "-DR2CCL_SANITIZE=ON", "-DCMAKE_BUILD_TYPE=RelWithDebInfo"]
+    build.mkdir(parents=True, exist_ok=True)
+    cfg = cmake + ["-S", str(ROOT), "-B", str(build), "-G", "Ninja", f"-DCMAKE_MAKE_PROGRAM={ninja}",
+                   f"-DCMAKE_CXX_COMPILER={cxx}", f"-DPython_EXECUTABLE={sys.executable}", option,
+                   "-DCMAKE_BUILD_TYPE=RelWithDebInfo"]
     r = subprocess.run(cfg, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
-    r = subprocess.run([ninja, "-C", str(BUILD), "_core"], capture_output=True, text=True, timeout=1200)
+    r = subprocess.run([ninja, "-C", str(build), "_core"], capture_output=True, text=True, timeout=1200)
     assert r.returncode == 0, r.stdout[-5000:] + r.stderr[-5000:]
-    so = next(BUILD.glob("_core*.so"))
+    so = next(build.glob("_core*.so"))
     import jax_r2ccl
-    stage = tmp_path / "site"
     shutil.copytree(Path(jax_r2ccl.__file__).parent, stage / "jax_r2ccl",
                     ignore=shutil.ignore_patterns("_core*.so", "__pycache__"))
     shutil.copy(so, stage / "jax_r2ccl" / so.name)
+
+
+def _run_suites(stage: Path, env: dict, suites: tuple, cwd: Path):
+    env = dict(env, PYTHONPATH=str(stage))
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--timeout=600",
+                        "-m", "not timing",   # rates and times: asserted in the plain run
+                        *(str(ROOT / "tests" / f) for f in suites)],
+                       capture_output=True, text=True, timeout=1400, env=env, cwd=str(cwd))
+    assert str(stage) in subprocess.run(
+        [sys.executable, "-c", "import jax_r2ccl; print(jax_r2ccl.__file__)"], env=env, cwd=str(cwd),
+        capture_output=True, text=True).stdout, "the child did not import the sanitized build"
+    return r
+
+
+def _need_tools():
+    if not (_cmake() and _ninja() and _compiler()):
+        pytest.skip("needs cmake, ninja and a C++ compiler")
+
+
+@pytest.mark.timeout(1500)
+def test_transport_suite_is_clean_under_asan_and_ubsan(tmp_path):
+    _need_tools()
+    cxx = _compiler()
+    asan, ubsan = _runtime("libasan.so", cxx), _runtime("libubsan.so", cxx)
+    if not (asan and ubsan):
+        pytest.skip("the compiler has no libasan/libubsan runtime")
+    stage = tmp_path / "site"
+    _build_and_stage(BUILD, "-DR2CCL_SANITIZE=ON", stage)
     env = dict(os.environ)
-    env["PYTHONPATH"] = str(stage)
     env["LD_PRELOAD"] = f"{asan}:{ubsan}"
     env["ASAN_OPTIONS"] = "detect_leaks=0:abort_on_error=0:halt_on_error=1:exitcode=86"
     env["UBSAN_OPTIONS"] = "print_stacktrace=1:halt_on_error=1:exitcode=87"
-    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--timeout=600",
-                        "-m", "not timing",   # rates and times: asserted in the plain run
-                        *(str(ROOT / "tests" / f) for f in ("test_transport.py", "test_health.py", "test_plans.py",
-                                                             "test_staging.py", "test_core_faults.py",
-                                                             "test_communicator.py"))],
-                       capture_output=True, text=True, timeout=1400, env=env, cwd=str(tmp_path))
+    r = _run_suites(stage, env, ("test_transport.py", "test_health.py", "test_plans.py", "test_staging.py",
+                                 "test_core_faults.py", "test_communicator.py"), tmp_path)
     report = r.stdout[-8000:] + r.stderr[-4000:]
     assert r.returncode == 0, report
     assert "ERROR: AddressSanitizer" not in report and "runtime error:" not in report, report
-    assert str(stage) in subprocess.run(
-        [sys.executable, "-c", "import jax_r2ccl; print(jax_r2ccl.__file__)"], env=env, cwd=str(tmp_path),
-        capture_output=True, text=True).stdout, "the child did not import the sanitized build"
+
+
+@pytest.mark.timeout(2400)
+def test_transport_collective_and_monitor_suites_are_clean_under_tsan(tmp_path):
+    """The engine, executor, monitor, completion pool and XLA's calling threads (the JAX
+    collectives), with the core built under ThreadSanitizer. Any report fails the run."""
+    _need_tools()
+    tsan = _runtime("libtsan.so", _compiler())
+    if not tsan:
+        pytest.skip("the compiler has no libtsan runtime")
+    stage = tmp_path / "site"
+    _build_and_stage(TSAN_BUILD, "-DR2CCL_TSAN=ON", stage)
+    log = tmp_path / "tsan"
+    env = dict(os.environ)
+    env["LD_PRELOAD"] = tsan
+    # Reports go to files (one per process: the ranks are child processes), checked below.
+    env["TSAN_OPTIONS"] = (f"halt_on_error=0:exitcode=0:log_path={log}:second_deadlock_stack=1:report_signal_unsafe=0:"
+                           f"suppressions={ROOT / 'tests' / 'tsan.supp'}")
+    r = _run_suites(stage, env, TSAN_SUITES, tmp_path)
+    reports = "".join(p.read_text(errors="replace") for p in sorted(tmp_path.glob("tsan.*")))
+    assert r.returncode == 0, r.stdout[-8000:] + r.stderr[-4000:]
+    assert "ThreadSanitizer" not in reports, reports[:20000]

@@ -962,3 +962,135 @@ def carrier_failback(ep, rank, world, cut_cmd, heal_cmd, rail=1, nbytes=8 << 20,
         res["ok"] = bool(np.array_equal(out, pattern(nbytes, 9)))
     barrier(ep, rank, world)
     return res
+
+
+def _rss_fds():
+    """(resident bytes, open descriptors) of this process."""
+    with open("/proc/self/statm") as f:
+        rss = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    return rss, len(os.listdir("/proc/self/fd"))
+
+
+def stranger_storm(ep, rank, world, nbytes=4 << 20, steps=25, phases=4, rate=40e6, half_open=200, settle_s=3.0):
+    """Steps of a job (rank 0 sends `nbytes` to rank 1, which answers with one byte; every rail
+    capped at `rate`, so a step is set by the links, as on a real network, not by this
+    machine's two cores) in `phases` phases of `steps` steps: quiet, storm, quiet, storm...
+    During a storm a stranger process (tests/stranger.py) hammers rank 1's listeners. Rank 0
+    times the steps; rank 1 checks every byte, and its memory and descriptors before the
+    first storm and `settle_s` after the last one (the listener has dropped every stranger)."""
+    import json
+    import sys
+    peer = 1 - rank
+    for s in ep.rail_stats(peer):
+        ep.inject(peer, s["rail"], "rate", rate)
+    data = pattern(nbytes, 5)
+    one = np.ones(1, np.uint8)
+    times = []
+    wrong = 0
+    stranger = None
+    before = after = None
+    counts = {}
+    buf = np.empty(nbytes, np.uint8)
+    for phase in range(phases):
+        storm = phase % 2 == 1
+        if rank == 1:
+            if storm:
+                here = os.path.dirname(os.path.abspath(__file__))
+                if before is None:
+                    before = _rss_fds()
+                stranger = subprocess.Popen([sys.executable, os.path.join(here, "stranger.py"), "--seconds", "120",
+                                             "--half-open", str(half_open), *ep.addresses], stdout=subprocess.PIPE,
+                                            text=True)
+                time.sleep(0.5)   # the storm is on before the phase's first step
+            elif stranger is not None:
+                stranger.terminate()
+                out, _ = stranger.communicate(timeout=30)
+                for k, v in json.loads(out.strip().splitlines()[-1]).items():
+                    counts[k] = counts.get(k, 0) + v
+                stranger = None
+        barrier(ep, rank, world)
+        for _ in range(steps):
+            if rank == 0:
+                t0 = time.monotonic()
+                ep.send(peer, data, tag=3)
+                ep.recv(peer, np.empty(1, np.uint8), tag=4)
+                times.append((phase, time.monotonic() - t0))
+            else:
+                ep.recv(peer, buf, tag=3)
+                wrong += int(not np.array_equal(buf, data))
+                ep.send(peer, one, tag=4)
+    if rank == 1:
+        if stranger is not None:
+            stranger.terminate()
+            out, _ = stranger.communicate(timeout=30)
+            for k, v in json.loads(out.strip().splitlines()[-1]).items():
+                counts[k] = counts.get(k, 0) + v
+        time.sleep(settle_s)
+        after = _rss_fds()
+    barrier(ep, rank, world)
+    return {"times": times, "wrong": wrong, "before": before, "after": after, "stranger": counts}
+
+
+def many_collectives(ep, rank, world, n=100_000, samples=20, seed=3):
+    """`n` host collectives of mixed kinds and sizes (mostly small, now and then 256 KiB), each
+    checked against its reference now and then; (count, RSS, descriptors) sampled `samples`
+    times. Leaks show as growth after the warm-up."""
+    from jax_r2ccl.transport.host_collectives import HostCollectives
+    hc = HostCollectives(ep)
+    rng = np.random.default_rng(seed)   # the same sequence on every process
+    kinds = ["all_reduce", "all_gather", "reduce_scatter", "all_to_all"]
+    sizes = [1, 4, 64, 1000, 4096, 16384, 65536]
+    process_of_rank = list(range(world))
+    trace = []
+    bad = 0
+    t0 = time.monotonic()
+    for i in range(n):
+        kind = kinds[int(rng.integers(len(kinds)))]
+        count = sizes[int(rng.integers(len(sizes)))] * world if rng.random() < 0.999 else (256 << 10) // 4 * world
+        x = np.full(count, rank + 1 + (i % 7), np.float32)
+        out = hc.run(kind, [x], process_of_rank=process_of_rank, my_ranks=[rank], op="sum")[0]
+        if i % 97 == 0:
+            ins = [np.full(count, r + 1 + (i % 7), np.float32) for r in range(world)]
+            want = host_reference(kind, "sum", ins, process_of_rank)[rank]
+            bad += int(out.tobytes() != want.tobytes())
+        if i % (n // samples) == 0 or i == n - 1:
+            trace.append((i + 1, *_rss_fds()))
+    seconds = time.monotonic() - t0
+    barrier(ep, rank, world)
+    hc.close()
+    return {"trace": trace, "bad": bad, "seconds": seconds}
+
+
+def threads_in_flight(ep, rank, world, n=1000, count=64):
+    """`n` small all-reduces issued at once from `n` threads (each names its call, so the
+    processes may issue them in different orders), on one executor: each result checked;
+    the most the executor held in flight at once."""
+    from jax_r2ccl.transport.host_collectives import HostCollectives
+    hc = HostCollectives(ep)
+    order = list(range(n))
+    if rank % 2:
+        order.reverse()   # the other process issues them in the opposite order
+    results, errors = {}, []
+    go = threading.Event()
+
+    def one(i):
+        go.wait()
+        try:
+            x = np.full(count, rank + i, np.int64)
+            results[i] = hc.run("all_reduce", [x], process_of_rank=list(range(world)), my_ranks=[rank], key=f"c{i}")[0]
+        except Exception as e:  # noqa: BLE001 - reported to the test
+            errors.append(f"{i}: {e}")
+    threads = [threading.Thread(target=one, args=(i,)) for i in order]
+    for t in threads:
+        t.start()
+    t0 = time.monotonic()
+    go.set()
+    for t in threads:
+        t.join(timeout=120)
+    seconds = time.monotonic() - t0
+    bad = [i for i in range(n) if i not in results or not np.array_equal(results[i], np.full(
+        count, sum(r + i for r in range(world)), np.int64))]
+    peak = hc._ex.peak_in_flight()
+    barrier(ep, rank, world)
+    hc.close()
+    return {"bad": bad[:10], "n_bad": len(bad), "errors": errors[:5], "peak": peak, "seconds": seconds}

@@ -34,6 +34,19 @@ class Error : public std::runtime_error {
  public:
   Error(Cause cause, int peer, const std::string& what)
       : std::runtime_error(what), cause_(cause), peer_(peer) {}
+  // Copies own their sentence. std::runtime_error's copies share one reference-counted
+  // buffer whose count lives in the standard library, which ThreadSanitizer does not see:
+  // an Error handed to another thread (a request's failure, a call's answer) then looks
+  // like a race when the last owner frees it. Errors are rare; the copy costs nothing.
+  Error(const Error& o) : std::runtime_error(std::string(o.what())), cause_(o.cause_), peer_(o.peer_) {}
+  Error& operator=(const Error& o) {
+    if (this != &o) {
+      std::runtime_error::operator=(std::runtime_error(std::string(o.what())));
+      cause_ = o.cause_;
+      peer_ = o.peer_;
+    }
+    return *this;
+  }
   Cause cause() const { return cause_; }
   int peer() const { return peer_; }
 

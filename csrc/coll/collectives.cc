@@ -247,11 +247,13 @@ class Executor::Op {
   }
 
   int send(int peer, uint64_t tag, const void* p, uint64_t bytes) {
-    msgs_.push_back({ep_.post_send(peer, tag, p, bytes, wake_), peer});
+    // Every tag of a collective is unique per message (mix_tag of its instance's tag, the
+    // phase and the piece): matched once, nothing kept per tag.
+    msgs_.push_back({ep_.post_send(peer, tag, p, bytes, wake_, true), peer});
     return static_cast<int>(msgs_.size()) - 1;
   }
   int recv(int peer, uint64_t tag, void* p, uint64_t bytes) {
-    msgs_.push_back({ep_.post_recv(peer, tag, p, bytes, wake_), peer});
+    msgs_.push_back({ep_.post_recv(peer, tag, p, bytes, wake_, true), peer});
     return static_cast<int>(msgs_.size()) - 1;
   }
   uint8_t* temp(uint64_t bytes) {
@@ -759,19 +761,27 @@ PlanRecord Executor::last_plan() {
 }
 
 void Executor::run(ProcessCall call) {
-  auto result = std::make_shared<std::promise<void>>();
-  auto fut = result->get_future();
+  // The answer by value (a copy of the error is thrown here: see Error's copy constructor).
+  struct Result {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false, failed = false;
+    Error error{Cause::kInternal, -1, ""};
+  };
+  auto result = std::make_shared<Result>();
   double limit = call.timeout_s + 30;
   call.done = [result](const Error* e) {
-    if (e)
-      result->set_exception(std::make_exception_ptr(*e));
-    else
-      result->set_value();
+    std::lock_guard<std::mutex> g(result->mu);
+    if (e) result->error = *e;
+    result->failed = e != nullptr;
+    result->done = true;
+    result->cv.notify_all();
   };
   submit(std::move(call));
-  if (fut.wait_for(std::chrono::duration<double>(limit)) != std::future_status::ready)
+  std::unique_lock<std::mutex> lk(result->mu);
+  if (!result->cv.wait_for(lk, std::chrono::duration<double>(limit), [&] { return result->done; }))
     throw Error(Cause::kTimeout, -1, "collective executor did not answer");
-  fut.get();
+  if (result->failed) throw Error(result->error);
 }
 
 void Executor::loop() {
@@ -792,6 +802,7 @@ void Executor::loop() {
     }
     for (auto& op : fresh) active.push_back(std::move(op));
     fresh.clear();
+    if (active.size() > peak_active_.load()) peak_active_.store(active.size());
     for (size_t i = 0; i < active.size();) {
       if (active[i]->step_locked()) {
         active.erase(active.begin() + static_cast<long>(i));

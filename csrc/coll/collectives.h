@@ -10,6 +10,7 @@
 // over the ranks l0 < l1 < ... that process p holds. The order depends only on the group's
 // membership and placement, never on faults, rail weights or timing.
 #pragma once
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -102,6 +103,8 @@ class Executor : public std::enable_shared_from_this<Executor> {
   // monitor's), read once per large all-reduce. Unset: 1 (every process equal).
   void set_capacity_source(std::function<double()> fn);
   PlanRecord last_plan();
+  // The most collectives this executor held in flight at once since it started (any thread).
+  size_t peak_in_flight() const { return peak_active_.load(); }
   int my_process() const { return my_process_; }
   void close();
 
@@ -142,6 +145,7 @@ class Executor : public std::enable_shared_from_this<Executor> {
   std::mutex plan_mu_;
   std::function<double()> capacity_;
   PlanRecord last_plan_;
+  std::atomic<size_t> peak_active_{0};
   friend class Op;
 };
 

@@ -780,7 +780,7 @@ void ChannelCore::flush_acks(Rail& r) {
 void ChannelCore::submit(const std::shared_ptr<Request>& req, int64_t now) {
   if (ch.dead) {
     if (req->kind == Request::kRecv &&
-        ch.unexpected.count({req->tag, ch.rx_tag_seq.count(req->tag) ? ch.rx_tag_seq[req->tag] : 0u})) {
+        ch.unexpected.count({req->tag, !req->tag_once && ch.rx_tag_seq.count(req->tag) ? ch.rx_tag_seq[req->tag] : 0u})) {
       post_recv(req);   // arrived whole before the peer left
       return;
     }
@@ -796,7 +796,7 @@ void ChannelCore::submit(const std::shared_ptr<Request>& req, int64_t now) {
   req->posted_ns = now;
   if (req->kind == Request::kSend) {
     req->msg_id = ch.next_msg_id++;
-    req->tag_seq = ch.tx_tag_seq[req->tag]++;
+    req->tag_seq = req->tag_once ? 0 : ch.tx_tag_seq[req->tag]++;
     // Eager: the bytes are copied now and the send finishes at once; the copy is what goes
     // out (and again over another rail if one fails) until the peer acknowledges it.
     const bool eager = set_.eager_bytes > 0 && req->len <= set_.eager_bytes &&
@@ -818,7 +818,7 @@ void ChannelCore::submit(const std::shared_ptr<Request>& req, int64_t now) {
 }
 
 void ChannelCore::post_recv(const std::shared_ptr<Request>& req) {
-  req->tag_seq = ch.rx_tag_seq[req->tag]++;
+  req->tag_seq = req->tag_once ? 0 : ch.rx_tag_seq[req->tag]++;
   auto key = std::make_pair(req->tag, req->tag_seq);
   auto u = ch.unexpected.find(key);
   if (u == ch.unexpected.end()) {

@@ -91,10 +91,11 @@ class Endpoint : public std::enable_shared_from_this<Endpoint> {
   // on_finish (optional) runs once on the engine thread when the request finishes: keep it
   // short, and do not call into this endpoint from it except post_send / post_recv. Any
   // thread, the engine's included (the request is queued, never waited for).
+  // tag_once: no other message to (from) this peer uses `tag` (Request::tag_once).
   std::shared_ptr<Request> post_send(int peer, uint64_t tag, const void* buf, uint64_t len,
-                                     std::function<void()> on_finish = {});
+                                     std::function<void()> on_finish = {}, bool tag_once = false);
   std::shared_ptr<Request> post_recv(int peer, uint64_t tag, void* buf, uint64_t len,
-                                     std::function<void()> on_finish = {});
+                                     std::function<void()> on_finish = {}, bool tag_once = false);
   // Stops the engine touching a request's buffer and fails it (no-op once finished).
   void cancel(const std::shared_ptr<Request>& req, Cause cause, const std::string& why);
   const Config& config() const;

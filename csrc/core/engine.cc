@@ -175,7 +175,10 @@ void Engine::call(std::function<void()> fn) {
     std::mutex mu;
     std::condition_variable cv;
     enum { kQueued, kRunning, kDone, kWithdrawn } phase = kQueued;
-    std::exception_ptr error;
+    // The failure, by value: thrown as a fresh copy on the calling thread (an exception
+    // object shared between threads is freed by whichever lets go last).
+    bool failed = false;
+    Error error{Cause::kInternal, -1, ""};
   };
   auto st = std::make_shared<State>();
   post([fn = std::move(fn), st] {
@@ -184,14 +187,21 @@ void Engine::call(std::function<void()> fn) {
       if (st->phase == State::kWithdrawn) return;
       st->phase = State::kRunning;
     }
-    std::exception_ptr err;
+    bool failed = true;
+    Error err(Cause::kInternal, -1, "");
     try {
       fn();
+      failed = false;
+    } catch (const Error& e) {
+      err = e;
+    } catch (const std::exception& e) {
+      err = Error(Cause::kInternal, -1, std::string("unexpected exception in the progress engine: ") + e.what());
     } catch (...) {
-      err = std::current_exception();
+      err = Error(Cause::kInternal, -1, "unexpected exception in the progress engine");
     }
     std::lock_guard<std::mutex> g(st->mu);
-    st->error = err;
+    st->failed = failed;
+    if (failed) st->error = err;
     st->phase = State::kDone;
     st->cv.notify_all();
   });
@@ -205,7 +215,7 @@ void Engine::call(std::function<void()> fn) {
     }
     st->cv.wait(lk, [&] { return st->phase == State::kDone; });
   }
-  if (st->error) std::rethrow_exception(st->error);
+  if (st->failed) throw Error(st->error);
 }
 
 void Engine::testing_block(double seconds) {
@@ -588,6 +598,7 @@ void Engine::share_windows(int64_t now) {
 }
 
 void Engine::tick(int64_t now) {
+  stranger_log_window(now);
   for (auto& p : pendings_)
     if (!p->dead && now > p->deadline_ns && !p->parked) pending_reject(*p, "handshake not finished in time");
     else if (!p->dead && p->parked && now > p->deadline_ns + 10 * cfg_.connect_timeout_ms * kMs)
@@ -979,17 +990,19 @@ void Endpoint::wait_ready(const std::vector<int>& peers, double timeout_s, doubl
 }
 
 std::shared_ptr<Request> Endpoint::post_send(int peer, uint64_t tag, const void* buf, uint64_t len,
-                                             std::function<void()> on_finish) {
+                                             std::function<void()> on_finish, bool tag_once) {
   auto req = std::make_shared<Request>(Request::kSend, peer, tag, static_cast<uint8_t*>(const_cast<void*>(buf)), len);
   req->on_finish = std::move(on_finish);
+  req->tag_once = tag_once;
   engine_->submit(req);
   return req;
 }
 
 std::shared_ptr<Request> Endpoint::post_recv(int peer, uint64_t tag, void* buf, uint64_t len,
-                                             std::function<void()> on_finish) {
+                                             std::function<void()> on_finish, bool tag_once) {
   auto req = std::make_shared<Request>(Request::kRecv, peer, tag, static_cast<uint8_t*>(buf), len);
   req->on_finish = std::move(on_finish);
+  req->tag_once = tag_once;
   engine_->submit(req);
   return req;
 }

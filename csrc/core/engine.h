@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "base/config.h"
+#include "base/log.h"
 #include "core/channel.h"
 #include "core/handshake.h"
 #include "core/endpoint.h"
@@ -174,6 +175,12 @@ class Engine {
   void pending_hello(Pending& p);
   // quiet: logged at INFO (a probe or port check that closes without a word; our own fault injection)
   void pending_reject(Pending& p, const std::string& why, bool quiet = false);
+  // The oldest handshake still waiting for its hello is dropped to make room (strangers'
+  // idle connections must not keep the job's own re-dials out); false when none waits.
+  bool evict_idle_pending();
+  // Logs a rejected or dropped connection within kStrangerLogLines per window; counts the rest.
+  void stranger_log(LogLevel level, const std::string& line);
+  void stranger_log_window(int64_t now);
   void admit(Pending& p);
 
   // links: dialling, the connector's handshake, bytes in and out
@@ -230,6 +237,9 @@ class Engine {
 
   std::map<int, std::unique_ptr<Peer>> peers_;
   std::list<std::unique_ptr<Pending>> pendings_;
+  int64_t stranger_window_ns_ = 0;   // stranger_log: the current window, lines shown, lines held back
+  int stranger_shown_ = 0;
+  uint64_t stranger_hidden_ = 0;
   std::vector<uint8_t> scratch_;
   std::vector<bool> nic_down_;     // held down by set_nic_state
   std::vector<std::string> nic_down_why_;

@@ -24,12 +24,14 @@ using namespace detail;
 // ---------------------------------------------------------------- acceptor handshake
 
 void Engine::accept_all(int nic) {
-  for (;;) {
+  for (int n = 0; n < kAcceptBatch; n++) {
     auto c = listeners_[nic]->accept();
     if (!c) return;
-    if (pendings_.size() >= kMaxPendings) {
-      R2_WARN("dropped connection %s on NIC %s: %zu handshakes already pending", c->describe().c_str(),
-              nics_[nic].name.c_str(), pendings_.size());
+    size_t live = 0;
+    for (auto& p : pendings_) live += !p->dead;
+    if (live >= kMaxPendings && !evict_idle_pending()) {
+      stranger_log(LogLevel::kWarn, "dropped connection " + c->describe() + " on NIC " + nics_[nic].name + ": " +
+                                        std::to_string(live) + " handshakes already pending");
       continue;
     }
     auto p = std::make_unique<Pending>();
@@ -45,12 +47,43 @@ void Engine::accept_all(int nic) {
 }
 
 void Engine::pending_reject(Pending& p, const std::string& why, bool quiet) {
-  const bool silent = quiet;
-  R2_LOG(silent ? LogLevel::kInfo : LogLevel::kWarn, "rejected connection %s on NIC %s: %s", p.desc.c_str(),
-         nics_[p.nic].name.c_str(), why.c_str());
+  stranger_log(quiet ? LogLevel::kInfo : LogLevel::kWarn,
+               "rejected connection " + p.desc + " on NIC " + nics_[p.nic].name + ": " + why);
   epoll_del(p.link->wait_fd());
   p.link.reset();
   p.dead = true;
+}
+
+bool Engine::evict_idle_pending() {
+  for (auto& p : pendings_)   // oldest first
+    if (!p->dead && !p->parked && p->hs.awaits_hello()) {
+      pending_reject(*p, "no hello yet while " + std::to_string(kMaxPendings) +
+                             " handshakes are pending: dropped for a newer connection");
+      return true;
+    }
+  return false;
+}
+
+void Engine::stranger_log(LogLevel level, const std::string& line) {
+  if (!log_enabled(level)) return;
+  stranger_log_window(now_ns());
+  if (stranger_shown_ < kStrangerLogLines) {
+    stranger_shown_++;
+    log_write(level, "%s", line.c_str());
+  } else {
+    stranger_hidden_++;
+  }
+}
+
+void Engine::stranger_log_window(int64_t now) {
+  if (now - stranger_window_ns_ < kStrangerLogWindowNs) return;
+  if (stranger_hidden_)
+    R2_WARN("%llu more connections were rejected or dropped in the last %lld s (the first %d were logged)",
+            static_cast<unsigned long long>(stranger_hidden_),
+            static_cast<long long>((now - stranger_window_ns_) / 1000000000), kStrangerLogLines);
+  stranger_window_ns_ = now;
+  stranger_shown_ = 0;
+  stranger_hidden_ = 0;
 }
 
 void Engine::pending_read(Pending& p) {

@@ -19,6 +19,13 @@ namespace r2ccl {
 namespace detail {
 constexpr int64_t kMs = 1000000;
 constexpr size_t kMaxPendings = 64;
+// Connections accepted per listener per turn of the engine: a flood of dials waits in the
+// kernel's backlog instead of keeping the engine from its rails.
+constexpr int kAcceptBatch = 16;
+// Rejected or dropped connections logged per window; the rest are counted and summed up in
+// one line when the window ends (a stranger must not be able to flood the log).
+constexpr int kStrangerLogLines = 8;
+constexpr int64_t kStrangerLogWindowNs = 10000 * kMs;
 constexpr int64_t kEagerDrainNs = 5000 * kMs;   // most a close waits for eager sends to be acked (or R2CCL_TIMEOUT)
 
 inline void random_bytes(uint8_t* out, size_t n) {

@@ -522,6 +522,8 @@ NB_MODULE(_core, m) {
           nb::arg("source").none(),
           "The planner's capacity of this process: a Monitor, a number, or None. Clear it (None) "
           "before the monitor closes.")
+      .def("peak_in_flight", &coll::Executor::peak_in_flight,
+           "The most collectives this executor held in flight at once since it started.")
       .def("last_plan",
            [](coll::Executor& ex) {
              coll::PlanRecord r = ex.last_plan();

@@ -40,15 +40,22 @@ class HostCollectives:
         self._name = name
         self._calls = 0
 
-    def _tag(self) -> int:
-        self._calls += 1
-        digest = hashlib.blake2b(f"{self._name}/{self._calls}".encode(), digest_size=8).digest()
+    def _tag(self, key: str | None = None) -> int:
+        if key is None:
+            self._calls += 1
+            key = str(self._calls)
+        else:
+            key = "key:" + key
+        digest = hashlib.blake2b(f"{self._name}/{key}".encode(), digest_size=8).digest()
         return int.from_bytes(digest, "little")
 
     def run(self, kind: str, inputs: Sequence[np.ndarray], *, process_of_rank: Sequence[int],
             my_ranks: Sequence[int], op: str = "sum", root: int = 0, timeout: float | None = None,
-            outputs: Sequence[np.ndarray] | None = None, plan: str = "") -> list[np.ndarray]:
-        """plan: the all-reduce plan for this call (default R2CCL_PLAN); equal on every process."""
+            outputs: Sequence[np.ndarray] | None = None, plan: str = "", key: str | None = None) -> list[np.ndarray]:
+        """plan: the all-reduce plan for this call (default R2CCL_PLAN); equal on every process.
+        key: names this call on every process, so threads may issue calls concurrently and in
+        any order; no other call of this object may use the same key. Without it, calls are
+        matched by their order on this object, which must then be the same on every process."""
         if kind not in KINDS:
             raise R2cclError(f"unknown collective {kind!r}; one of {', '.join(KINDS)}")
         if op not in OPS:
@@ -82,7 +89,7 @@ class HostCollectives:
                                      f"x {dtype.name} on {n} ranks writes {want} x {dtype.name}")
         flat_in = [a.reshape(-1).view(np.uint8) for a in inputs]
         flat_out = [o.reshape(-1).view(np.uint8) for o in outputs]
-        self._ex.run(kind, dtype.name, op, int(root), self._tag(), list(map(int, process_of_rank)),
+        self._ex.run(kind, dtype.name, op, int(root), self._tag(key), list(map(int, process_of_rank)),
                      list(map(int, my_ranks)), flat_in, flat_out, count,
                      float(self._ep.config.timeout_s if timeout is None else timeout), kind, str(plan))
         return list(outputs)
