@@ -15,6 +15,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LOOPBACK4 = ["127.0.0.1", "127.0.0.2", "127.0.0.3", "127.0.0.4"]
 
 # Fast failure detection for tests; every test bounds itself with these.
+# Set by tests/test_sanitizers.py for the suites it runs again under ASan/UBSan or TSan: the
+# instrumented core is several times slower, so assertions about rates and times are left
+# to the plain run (tests marked `timing`, and the rate checks inside fault tests).
+SANITIZED = bool(os.environ.get("R2CCL_SANITIZED_RUN"))
+
 FAST = dict(timeout_s=10.0, bootstrap_timeout_s=30.0, heartbeat_ms=100, stall_ms=200, reprobe_ms=100, connect_timeout_ms=1000,
             crc=True)
 

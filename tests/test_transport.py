@@ -6,7 +6,7 @@ import time
 import numpy as np
 import pytest
 
-from harness import LOOPBACK4, run_ranks
+from harness import LOOPBACK4, SANITIZED, run_ranks
 
 
 def results(rs):
@@ -55,15 +55,20 @@ def test_rail_fault_mid_transfer_is_bit_exact(fault, side, io_threads):
     r0, r1 = res
     assert r1["wrong"] == 0
     # the side that holds the fault keeps rail 1 down; the sender always saw it fail (for a
-    # stall on the receiver's side, the receiver's own silence timer may not have fired yet)
-    assert r0["stats"][1]["failures"] >= 1, r0["stats"]
+    # stall on the receiver's side, the receiver's own silence timer may not have fired yet).
+    # Under a sanitizer the stall timer's drain allowance (bytes in flight over the measured
+    # rate) grows with the slowdown, and the transfer may end before it runs out.
+    if not SANITIZED or fault == "close":
+        assert r0["stats"][1]["failures"] >= 1, r0["stats"]
     if fault == "close":
         assert (r0 if side == 0 else r1)["stats"][1]["state"] != "up", (r0["stats"], r1["stats"])
-    # the healthy rails took over what rail 1 left: > 1/4 of the bytes each
     tx = [s["tx_bytes"] for s in r0["stats"]]
-    assert sum(tx) >= n and min(tx[0], tx[2], tx[3]) > n / 4, tx
-    # bounded: at 3 × 40 MB/s the whole transfer needs 0.42 s; detection adds <= stall_ms
-    assert r1["times"][0] < 3.0
+    assert sum(tx) >= n, tx
+    if not SANITIZED:   # rates: under a sanitizer the cores, not the 40 MB/s caps, set them
+        # the healthy rails took over what rail 1 left: > 1/4 of the bytes each
+        assert min(tx[0], tx[2], tx[3]) > n / 4, tx
+        # bounded: at 3 × 40 MB/s the whole transfer needs 0.42 s; detection adds <= stall_ms
+        assert r1["times"][0] < 3.0
 
 
 def test_exchanges_are_bit_exact_with_io_threads():

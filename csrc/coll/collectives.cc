@@ -179,6 +179,10 @@ class Executor::Op {
     bool all_done = !plan_pending_ && std::all_of(pieces_.begin(), pieces_.end(), [](const Piece& p) { return p.done; }) &&
                     std::all_of(msgs_.begin(), msgs_.end(), [](const Msg& m) { return m.req && m.req->finished(); });
     if (all_done) {
+      // Once more: a message that arrived (on the engine thread) after the check above was
+      // folded without its signature compared. Found by the TSan run, whose timing made a
+      // dtype/op disagreement finish as a success on one process.
+      if (!signatures_agree()) return true;
       for (auto& cp : final_copies_) std::memmove(cp.dst, cp.src, cp.bytes);
       return finish(nullptr);
     }

@@ -23,16 +23,9 @@
 
 #include "base/log.h"
 #include "core/channel.h"
+#include "fuzz_check.h"
 
 using namespace r2ccl;
-
-#define CHECK(c)                                          \
-  do {                                                    \
-    if (!(c)) {                                           \
-      __builtin_printf("check failed: %s\n", #c);         \
-      std::abort();                                       \
-    }                                                     \
-  } while (0)
 
 namespace {
 

@@ -18,16 +18,9 @@
 #include <vector>
 
 #include "core/handshake.h"
+#include "fuzz_check.h"
 
 using namespace r2ccl;
-
-#define CHECK(c)                                          \
-  do {                                                    \
-    if (!(c)) {                                           \
-      __builtin_printf("check failed: %s\n", #c);         \
-      std::abort();                                       \
-    }                                                     \
-  } while (0)
 
 namespace {
 

@@ -12,16 +12,9 @@
 
 #include "coll/plan.h"
 #include "coll/signature.h"
+#include "fuzz_check.h"
 
 using namespace r2ccl::coll;
-
-#define CHECK(c)                                          \
-  do {                                                    \
-    if (!(c)) {                                           \
-      __builtin_printf("check failed: %s\n", #c);         \
-      std::abort();                                       \
-    }                                                     \
-  } while (0)
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const bool captured = size >= 1 + kSigMessageBytes && data[0] == 1;

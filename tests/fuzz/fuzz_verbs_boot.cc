@@ -5,16 +5,9 @@
 #include <cstring>
 
 #include "net/ibverbs/boot_record.h"
+#include "fuzz_check.h"
 
 using namespace r2ccl::verbs;
-
-#define CHECK(c)                                          \
-  do {                                                    \
-    if (!(c)) {                                           \
-      __builtin_printf("check failed: %s\n", #c);         \
-      std::abort();                                       \
-    }                                                     \
-  } while (0)
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < kBootBytes) return 0;

@@ -6,16 +6,9 @@
 #include <cstring>
 
 #include "core/wire.h"
+#include "fuzz_check.h"
 
 using namespace r2ccl;
-
-#define CHECK(c)                                          \
-  do {                                                    \
-    if (!(c)) {                                           \
-      __builtin_printf("check failed: %s\n", #c);         \
-      std::abort();                                       \
-    }                                                     \
-  } while (0)
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const WireLimits lim{size > 0 && (data[0] & 1) ? 4096u : 1u << 20, 1u << 24};
