@@ -80,4 +80,6 @@ def test_a_thousand_collectives_in_flight_at_once_from_threads():
         print(f"rank {rank}: 1000 all-reduces from 1000 threads (opposite orders on the two processes) in "
               f"{out['seconds']:.2f} s; peak {out['peak']} in flight in the executor")
         assert not out["errors"] and out["n_bad"] == 0, out
-        assert out["peak"] >= 200, out   # hundreds at once (how many: thread start-up's luck)
+    # Hundreds wait at once on the process whose threads come first; the other's then find
+    # their peers' halves there and finish as fast as they start (seen: 972 and 10; 604 and 428).
+    assert max(r["result"]["peak"] for r in res) >= 200, [r["result"]["peak"] for r in res]

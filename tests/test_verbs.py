@@ -89,7 +89,9 @@ def test_nic_cut_from_outside_mid_transfer_fails_over_at_the_port_event_bit_exac
     r0, r1 = results(rs)
     assert r1["wrong"] == 0
     rail = r0["stats"][1]
-    assert rail["failures"] >= 1 and rail["state"] == "down", r0["stats"]
+    # Down until the heal 6 s after the cut; a transfer that outlasts that (a loaded host's
+    # guests) sees the rail come back before its stats are read.
+    assert rail["failures"] >= 1 and (rail["state"] == "down" or rail["recoveries"] >= 1), r0["stats"]
     # The rail failed on the port event itself (not on silence): the event's guest time is in
     # the reason, the rail's failure time in its stats, both on the guest's clock.
     m = re.search(r"IBV_EVENT_PORT_ERR at unix time ([0-9.]+)", rail["last_error"])
