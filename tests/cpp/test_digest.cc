@@ -6,6 +6,7 @@
 #include <cstring>
 #include <string>
 #include <vector>
+#include "check.h"
 
 namespace r2ccl {
 uint32_t crc32c_portable(uint32_t crc, const void*, size_t);
@@ -14,15 +15,6 @@ uint32_t crc32c_portable(uint32_t crc, const void*, size_t);
 using namespace r2ccl;
 
 namespace {
-
-int g_failures = 0;
-
-void check(bool ok, const std::string& what) {
-  if (!ok) {
-    std::fprintf(stderr, "FAIL: %s\n", what.c_str());
-    ++g_failures;
-  }
-}
 
 uint64_t g_rng = 0x9E3779B97F4A7C15ull;
 uint64_t rnd() {  // splitmix64: deterministic, so failures reproduce
@@ -169,10 +161,5 @@ int main() {
   test_sha256();
   test_hmac();
   test_mac_equal();
-  if (g_failures) {
-    std::fprintf(stderr, "%d check(s) failed\n", g_failures);
-    return 1;
-  }
-  std::printf("test_digest: all checks passed\n");
-  return 0;
+  return checks_passed("test_digest");
 }

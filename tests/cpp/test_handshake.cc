@@ -8,19 +8,11 @@
 #include <cstring>
 #include <string>
 #include <vector>
+#include "check.h"
 
 using namespace r2ccl;
 
 namespace {
-
-int g_failures = 0;
-
-void check(bool ok, const std::string& what) {
-  if (!ok) {
-    std::fprintf(stderr, "FAIL: %s\n", what.c_str());
-    ++g_failures;
-  }
-}
 
 const std::string kSecret = "0123456789abcdef0123456789abcdef";
 constexpr uint64_t kJob = 42;
@@ -149,10 +141,5 @@ int main() {
   honest_exchange();
   acceptor_refusals();
   connector_refusals();
-  if (g_failures) {
-    std::fprintf(stderr, "%d check(s) failed\n", g_failures);
-    return 1;
-  }
-  std::printf("test_handshake: all checks passed\n");
-  return 0;
+  return checks_passed("test_handshake");
 }

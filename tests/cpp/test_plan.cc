@@ -10,19 +10,11 @@
 #include <numeric>
 #include <string>
 #include <vector>
+#include "check.h"
 
 using namespace r2ccl::coll;
 
 namespace {
-
-int g_failures = 0;
-
-void check(bool ok, const std::string& what) {
-  if (!ok) {
-    std::fprintf(stderr, "FAIL: %s\n", what.c_str());
-    ++g_failures;
-  }
-}
 
 bool near(double a, double b, double tol = 1e-9) { return std::fabs(a - b) <= tol * std::max(1.0, std::fabs(b)); }
 
@@ -133,10 +125,5 @@ int main() {
   PlanKind k;
   check(parse_plan("optimal", &k) && k == PlanKind::kOptimal && !parse_plan("ring", &k), "plan names");
 
-  if (g_failures) {
-    std::fprintf(stderr, "%d check(s) failed\n", g_failures);
-    return 1;
-  }
-  std::printf("test_plan: all checks passed\n");
-  return 0;
+  return checks_passed("test_plan");
 }

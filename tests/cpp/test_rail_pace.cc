@@ -13,20 +13,12 @@
 #include <cstdio>
 #include <deque>
 #include <string>
+#include "check.h"
 
 using r2ccl::RailPace;
 using r2ccl::RailPaceLimits;
 
 namespace {
-
-int g_failures = 0;
-
-void check(bool ok, const std::string& what) {
-  if (!ok) {
-    std::fprintf(stderr, "FAIL: %s\n", what.c_str());
-    ++g_failures;
-  }
-}
 
 constexpr int64_t kMs = 1000000;
 
@@ -196,10 +188,5 @@ int main() {
   app_limited_tails_do_not_lower_the_rate();
   learns_the_base_round_trip_from_outside_samples();
   drain_bounds_detection();
-  if (g_failures) {
-    std::fprintf(stderr, "%d check(s) failed\n", g_failures);
-    return 1;
-  }
-  std::printf("test_rail_pace: all checks passed\n");
-  return 0;
+  return checks_passed("test_rail_pace");
 }

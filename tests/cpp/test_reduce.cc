@@ -13,6 +13,7 @@
 #include <cstring>
 #include <string>
 #include <vector>
+#include "check.h"
 
 namespace r2ccl::coll {
 bool reduce_force_baseline_for_testing(bool force);  // reduce.cc, not in the header
@@ -21,15 +22,6 @@ bool reduce_force_baseline_for_testing(bool force);  // reduce.cc, not in the he
 using namespace r2ccl::coll;
 
 namespace {
-
-int g_failures = 0;
-
-void check(bool ok, const std::string& what) {
-  if (!ok) {
-    std::fprintf(stderr, "FAIL: %s\n", what.c_str());
-    ++g_failures;
-  }
-}
 
 uint64_t g_rng = 0x9E3779B97F4A7C15ull;
 uint64_t rnd() {  // splitmix64: deterministic, so failures reproduce
@@ -791,10 +783,5 @@ int main() {
   } else {
     std::printf("no AVX2 kernels on this machine: only the baseline ones were tested\n");
   }
-  if (g_failures) {
-    std::fprintf(stderr, "%d check(s) failed\n", g_failures);
-    return 1;
-  }
-  std::printf("test_reduce: all checks passed\n");
-  return 0;
+  return checks_passed("test_reduce");
 }

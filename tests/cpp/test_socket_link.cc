@@ -16,19 +16,11 @@
 #include <vector>
 
 #include "net/transport.h"
+#include "check.h"
 
 using namespace r2ccl;
 
 namespace {
-
-int g_failures = 0;
-
-void check(bool ok, const std::string& what) {
-  if (!ok) {
-    std::fprintf(stderr, "FAIL: %s\n", what.c_str());
-    ++g_failures;
-  }
-}
 
 constexpr size_t kHb = 64;
 
@@ -408,10 +400,5 @@ int main() {
     test_drop_and_move(threads, t);
     test_close(threads, t);
   }
-  if (g_failures) {
-    std::fprintf(stderr, "%d failure(s)\n", g_failures);
-    return 1;
-  }
-  std::printf("test_socket_link: all checks passed\n");
-  return 0;
+  return checks_passed("test_socket_link");
 }

@@ -11,19 +11,11 @@
 #include <vector>
 
 #include "core/digest.h"
+#include "check.h"
 
 using namespace r2ccl;
 
 namespace {
-
-int g_failures = 0;
-
-void check(bool ok, const std::string& what) {
-  if (!ok) {
-    if (g_failures < 200) std::fprintf(stderr, "FAIL: %s\n", what.c_str());
-    ++g_failures;
-  }
-}
 
 uint64_t g_rng = 0x5EED0F31E5ull;
 uint64_t rnd() {  // splitmix64: deterministic, so failures reproduce
@@ -554,10 +546,5 @@ int main() {
   test_corrupt_fields();
   test_robustness();
   test_hello();
-  if (g_failures) {
-    std::fprintf(stderr, "%d check(s) failed\n", g_failures);
-    return 1;
-  }
-  std::printf("test_wire: all checks passed\n");
-  return 0;
+  return checks_passed("test_wire");
 }
