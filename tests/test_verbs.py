@@ -23,6 +23,8 @@ NICS = [["198.18.0.1", "198.18.1.1"], ["198.18.0.2", "198.18.1.2"]]
 # read as a dead rail (seen in CI: healthy rails failed "silent for 306 ms" over and over).
 # The guests' timers are those of a slow network instead; the tests' bounds follow them.
 GUEST_TIMERS = {"heartbeat_ms": 500, "stall_ms": 1000}
+# How late a 1-vCPU TCG guest on a loaded host may run a timer (CI: ~300 ms stalls seen).
+GUEST_SCHED_SLACK_MS = 400
 VERBS = {"transport": "ibverbs", "timeout_s": 30.0, **GUEST_TIMERS}
 
 
@@ -115,11 +117,15 @@ def test_black_hole_inside_the_guest_is_caught_by_the_stall_timer_bit_exact(bed)
     assert r1["wrong"] == 0
     rail = r0["stats"][1]
     assert rail["failures"] >= 1 and rail["last_reason"] == "stalled", r0["stats"]
-    # Caught by the stall timer (R2CCL_STALL_MS, plus the rail's measured drain allowance)
-    # within one tick: at most 50 ms past it.
+    # Caught by the stall timer (R2CCL_STALL_MS, plus the rail's measured drain allowance).
+    # In namespaces that is bounded tightly (test_testbed.py's
+    # test_black_hole_is_left_within_300_ms). These guests are 1-vCPU TCG: CI's loaded host
+    # deschedules them for ~300 ms at a time (1090 ms seen against a 1026 ms deadline), so
+    # the bound here is the deadline plus GUEST_SCHED_SLACK_MS; the printed line is the
+    # measurement.
     m = re.search(r"unacknowledged for (\d+) ms \(its measured drain time: (\d+) ms\)", rail["last_error"])
     assert m, rail
-    assert int(m.group(1)) <= VERBS["stall_ms"] + int(m.group(2)) + 50, rail
+    assert int(m.group(1)) <= VERBS["stall_ms"] + int(m.group(2)) + GUEST_SCHED_SLACK_MS, rail
     print("black hole:", rail["last_error"], "times", r1["times"])
 
 
