@@ -47,3 +47,16 @@ def test_large_collectives_of_different_kinds_are_a_clear_mismatch_on_every_proc
         out = r["result"]
         assert out["cause"] == "mismatch", out
         assert "all_reduce" in out["error"] and "reduce_scatter" in out["error"], out
+
+
+def test_a_small_all_reduce_against_another_kind_is_a_mismatch_at_once_not_a_timeout():
+    """A small all-reduce carries its signature in front of its data under its own tag, so
+    the other kind's announcement (same collective, same id) is never received by it: the
+    executor finds it in staging and names both (found by the fault matrix: before, every
+    process waited out its timeout)."""
+    res = run_ranks("host_kind_mismatch", 3, nics=LOOPBACK4[:2], timeout=60, args={"n": 1024, "other": "all_gather"})
+    for r in res:
+        out = r["result"]
+        assert out["cause"] == "mismatch", out
+        assert "all_reduce" in out["error"] and "all_gather" in out["error"], out
+        assert out["after_s"] < 5.0, out     # the timeout is 10 s; detection takes ~0.1 s

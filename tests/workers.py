@@ -685,18 +685,20 @@ def replan_loop(ep, rank, world, count, iters, fault_cmd=None, fault_after_s=1.0
     return {"wrong": wrong, "plans": plans, "times": times}
 
 
-def host_kind_mismatch(ep, rank, world, n=99_999):
-    """Large collectives of different kinds on different processes (all-reduce here,
-    reduce-scatter there): the signature comparison names both, on every process."""
+def host_kind_mismatch(ep, rank, world, n=99_999, other="reduce_scatter"):
+    """Collectives of different kinds on different processes (all-reduce here, `other`
+    there): the signature comparison names both, on every process."""
     from jax_r2ccl.transport.host_collectives import HostCollectives
     hc = HostCollectives(ep)
-    kind = "all_reduce" if rank == 0 else "reduce_scatter"
+    kind = "all_reduce" if rank == 0 else other
     out = {}
+    t0 = time.monotonic()
     try:
         hc.run(kind, [np.ones(n, np.float32)], process_of_rank=list(range(world)), my_ranks=[rank], timeout=10.0)
         out["error"] = None
     except R2cclError as e:
         out.update(error=str(e), cause=e.cause)
+    out["after_s"] = time.monotonic() - t0
     return out
 
 

@@ -67,6 +67,9 @@ std::string validate(const ProcessCall& c, int my_process) {
 namespace {
 
 constexpr int64_t kNs = 1000000000;
+// From this long into a collective, its executor looks (every 100 ms) for a peer's
+// announcement of the same collective that says it is another call (Op::diverged).
+constexpr int64_t kSameCallProbeNs = 100 * 1000000;
 
 int64_t mono_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
@@ -408,25 +411,36 @@ class Executor::Op {
   // peer's signature, this looks at what the peer sent that no receive has claimed; an
   // announcement of a collective this executor has not run, still there a quarter of that
   // later, fails the call with both named (each process sees the same, so both fail).
+  // Processes in this very collective (same id) that disagree about what it is may not meet
+  // either (a small all-reduce's message and another kind's announcement travel under
+  // different tags): such an announcement is proof at once, looked for from kSameCallProbeNs.
   // Executor thread only (it calls into the engine).
   bool diverged() {
     const int64_t grace = static_cast<int64_t>(ep_.config().mismatch_ms) * 1000000;
     const int64_t now = mono_ns();
-    if (sig_msgs_.empty() || now < started_ns_ + grace || now < next_probe_ns_) return false;
-    next_probe_ns_ = now + std::max<int64_t>(grace / 4, 1000000);
+    if (sig_msgs_.empty() || now < started_ns_ + std::min(grace, kSameCallProbeNs) || now < next_probe_ns_)
+      return false;
+    next_probe_ns_ = now + std::max<int64_t>(std::min(grace, kSameCallProbeNs * 4) / 4, 1000000);
+    bool suspect = false;
     for (const SigMsg& sm : sig_msgs_) {
       if (msgs_[sm.msg].req->finished()) continue;   // that peer answered: not this
       Sig other;
-      if (!foreign_announcement(sm.peer_process, &other)) continue;
+      if (same_instance_disagrees(sm.peer_process, &other)) {
+        Error e = disagreement(sm.peer_process, other);
+        finish(&e);
+        return true;
+      }
+      if (now < started_ns_ + grace || !foreign_announcement(sm.peer_process, &other)) continue;
       if (!suspect_) {   // once more, a quarter of the grace later, before anyone is blamed
-        suspect_ = true;
-        return false;
+        suspect = true;
+        continue;
       }
       Error e = divergence(sm.peer_process, other, now);
       finish(&e);
       return true;
     }
-    suspect_ = false;
+    if (suspect) next_probe_ns_ = now + std::max<int64_t>(grace / 4, 1000000);
+    suspect_ = suspect;
     return false;
   }
 
@@ -445,6 +459,25 @@ class Executor::Op {
       if (is_announcement(*out) && (*out)[5] != c_.tag && !ex_->ran((*out)[5])) return true;
     }
     return false;
+  }
+
+  // `peer`'s announcement of this collective (this id), waiting unclaimed, that says it is
+  // another call: the peer's receive for it never matches ours.
+  bool same_instance_disagrees(int peer, Sig* out) {
+    for (auto& [tag, head] : ep_.staged_heads(peer, kSigBytes)) {
+      (void)tag;
+      *out = decode_signature(head.data());
+      if (is_announcement(*out) && (*out)[5] == c_.tag && !same_call(*out, my_sig_)) return true;
+    }
+    return false;
+  }
+
+  Error disagreement(int peer, const Sig& other) const {
+    return Error(Cause::kMismatch, peer,
+                 "process " + std::to_string(peer) + " called " + describe_signature(other) + " but process " +
+                     std::to_string(me_) + " called " + describe_signature(my_sig_) +
+                     (other[3] != my_sig_[3] ? " over a different group" : "") +
+                     (c_.what.empty() ? "" : " [" + c_.what + "]"));
   }
 
   Error divergence(int peer, const Sig& other, int64_t now) const {
@@ -475,11 +508,7 @@ class Executor::Op {
       if (!msgs_[sm.msg].req->finished() || msgs_[sm.msg].req->failed()) continue;
       const Sig peer = decode_signature(sm.where);
       if (!same_call(peer, my_sig_)) {
-        Error e(Cause::kMismatch, sm.peer_process,
-                "process " + std::to_string(sm.peer_process) + " called " + describe_signature(peer) +
-                    " but process " + std::to_string(me_) + " called " + describe_signature(my_sig_) +
-                    (peer[3] != my_sig_[3] ? " over a different group" : "") +
-                    (c_.what.empty() ? "" : " [" + c_.what + "]"));
+        Error e = disagreement(sm.peer_process, peer);
         finish(&e);
         return false;
       }
