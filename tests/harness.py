@@ -33,12 +33,18 @@ class RankFailed(AssertionError):
     pass
 
 
-def wait_all(procs: list, timeout: float, func: str) -> list[str]:
+def wait_all(procs: list, timeout: float, func: str, stopped=()) -> list[str]:
     """Waits for every process (each in its own session) and returns their outputs; on the
-    deadline kills the ones still running, by process group, and raises RankFailed."""
+    deadline kills the ones still running, by process group, and raises RankFailed.
+    `stopped`: indices of processes that stop themselves (SIGSTOP) and never finish: they are
+    killed, by process group, once every other process has exited."""
     deadline = time.monotonic() + timeout
     outputs = [""] * len(procs)
-    for i, p in enumerate(procs):
+    order = [i for i in range(len(procs)) if i not in stopped] + [i for i in range(len(procs)) if i in stopped]
+    for i in order:
+        p = procs[i]
+        if i in stopped and p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
         try:
             outputs[i] = p.communicate(timeout=max(0.1, deadline - time.monotonic()))[0].decode(errors="replace")
         except subprocess.TimeoutExpired:
@@ -55,7 +61,7 @@ def wait_all(procs: list, timeout: float, func: str) -> list[str]:
 def run_ranks(func: str, world: int, *, nics=None, config: dict | None = None, args: dict | None = None,
               timeout: float = 60.0, per_rank_nics: list | None = None, env: dict | None = None,
               netns: list | None = None, expect_fail: bool = False, may_die=(),
-              rank_config: list | None = None) -> list[dict]:
+              rank_config: list | None = None, stopped=()) -> list[dict]:
     """Starts `world` processes running tests/workers.py:`func`(ep, rank, world, **args).
 
     Returns one dict per rank: {"ok": True, "result": ...} or {"ok": False, "error": str,
@@ -63,12 +69,14 @@ def run_ranks(func: str, world: int, *, nics=None, config: dict | None = None, a
     `timeout` (it is then killed by PID), or when a rank fails and expect_fail is False.
     `netns`: per-rank command prefix (e.g. the test bed's run_prefix(host)), optional.
     `rank_config`: per-rank settings laid over `config` (a list of dicts, one per rank).
+    `stopped`: ranks that stop themselves (SIGSTOP): killed once the others have exited, and
+    reported like ranks in `may_die`.
     """
     cfg = dict(FAST)
     cfg.update(config or {})
     import cluster
     if cluster.active():
-        why = ("kills a rank" if may_die else "uses the local network-namespace test bed" if netns else
+        why = ("kills a rank" if may_die or stopped else "uses the local network-namespace test bed" if netns else
                "needs per-rank NIC lists" if per_rank_nics else
                "needs per-rank settings" if rank_config else None)
         return cluster.run_ranks(func, world, config=cfg, args=args or {}, timeout=timeout, expect_fail=expect_fail,
@@ -91,7 +99,8 @@ def run_ranks(func: str, world: int, *, nics=None, config: dict | None = None, a
             e.update(env or {})
             procs.append((subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                            env=e, start_new_session=True), spec))
-        outputs = wait_all([p for p, _ in procs], timeout, func)
+        outputs = wait_all([p for p, _ in procs], timeout, func, stopped=stopped)
+        may_die = set(may_die) | set(stopped)
         results = []
         for i, (p, spec) in enumerate(procs):
             try:

@@ -1,6 +1,7 @@
 """One rank of a multi-process test: bootstrap through a FileStore, run the worker, write
 the result (or the error) as JSON. Started by tests/harness.py."""
 
+import importlib
 import json
 import os
 import sys
@@ -21,7 +22,8 @@ def main():
     ep = None
     try:
         cfg = Config.from_env(**spec["config"])
-        func = getattr(workers, spec["func"])
+        module, _, name = spec["func"].rpartition(":")   # "module:func" or a name in workers.py
+        func = getattr(importlib.import_module(module) if module else workers, name)
         if getattr(func, "no_bootstrap", False):
             res = func(None, spec["rank"], spec["world"], spec=spec, **spec["args"])
         else:

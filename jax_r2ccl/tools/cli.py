@@ -1,6 +1,6 @@
 """The `jax-r2ccl` command line (also `python -m jax_r2ccl`): `demo` (jax_r2ccl.tools.demo),
 `bench p2p|allreduce|...|timeline` (tools/bench/), `doctor` (what this host has), `sim`
-(tools/sim/), `testbed` (the network-namespace test bed, tools/testbed.py) and `settings`.
+(tools/sim/), `soak` (a random-fault soak, tools/soak.py), `testbed` (the network-namespace test bed, tools/testbed.py) and `settings`.
 Each subcommand imports its module only when it runs."""
 
 from __future__ import annotations
@@ -92,6 +92,8 @@ def build_parser(prog: str = "jax-r2ccl") -> argparse.ArgumentParser:
 
     sub.add_parser("demo", help="the fault-tolerance demo: `demo --help` for its options",
                    add_help=False)
+    sub.add_parser("soak", help="a random-fault soak on the test bed (root): `soak --help` for its options",
+                   add_help=False)
     from . import testbed
     tb = sub.add_parser("testbed", help="the network-namespace test bed: hosts x NICs, rate limits, faults (root)",
                         description=testbed.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -111,6 +113,9 @@ def main(argv: list[str] | None = None, prog: str = "jax-r2ccl") -> int:
     if argv and argv[0] == "demo":   # the demo parses its own arguments (and re-runs itself per process)
         from . import demo
         return int(demo.main(argv[1:]) or 0)
+    if argv and argv[0] == "soak":   # so does the soak
+        from . import soak
+        return int(soak.main(argv[1:]) or 0)
     if argv and argv[0] == "sim" and (len(argv) == 1 or argv[1] not in SIM_COMMANDS):
         argv.insert(1, "run")   # `sim --gpus 1024 ...` runs the simulation
     args = build_parser(prog).parse_args(argv)

@@ -1,0 +1,215 @@
+"""Workers of the fault matrix (tests/test_fault_matrix.py), run on every rank by
+tests/harness.py as "matrix_workers:<name>".
+
+Each cell is one collective kind at one size, run in a loop through the executor that the
+JAX custom calls reach (HostCollectives, with the health monitor feeding the planner as in
+jax_r2ccl's runtime) while a fault lands; every output is compared bit for bit with the
+canonical-order reference. Times that cross processes are wall-clock (time.time()): the
+test bed's hosts are namespaces of one machine and share its clock."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+import time
+
+import numpy as np
+
+from jax_r2ccl.errors import R2cclError
+from workers import _rank_input, barrier, host_reference
+
+DTYPE = "float32"
+MAX_ITERS = 20000         # per cell, whatever the clock says
+
+
+def _setup(ep):
+    from jax_r2ccl.transport.health import HealthMonitor
+    from jax_r2ccl.transport.host_collectives import HostCollectives
+    mon = HealthMonitor(ep)
+    hc = HostCollectives(ep, name="matrix")
+    hc.set_capacity(mon)
+    return hc, mon
+
+
+def _teardown(ep, rank, world, hc, mon):
+    hc.set_capacity(None)
+    mon.close()
+    hc.close()
+
+
+def _case(kind, nbytes, rank, world, seed):
+    """This rank's input and the output every rank must see, for `nbytes` of input per rank."""
+    count = nbytes // np.dtype(DTYPE).itemsize
+    pr = list(range(world))
+    ins = [_rank_input(kind, DTYPE, count, r, seed=seed) for r in pr]
+    return ins[rank], host_reference(kind, "sum", ins, pr)[rank].tobytes()
+
+
+def _agreed_time(hc, world, rank, lead_s=0.2) -> float:
+    """A wall-clock instant every process agrees on, `lead_s` after the latest of them got here."""
+    t = hc.run("all_reduce", [np.array([time.time()], np.float64)], process_of_rank=list(range(world)),
+               my_ranks=[rank], op="max")
+    return float(t[0][0]) + lead_s
+
+
+def _continue(hc, world, rank, go: bool) -> bool:
+    """Rank 0's decision, seen by every process (a 4-byte all-reduce, itself under the fault)."""
+    out = hc.run("all_reduce", [np.array([1 if (go and rank == 0) else 0], np.int32)],
+                 process_of_rank=list(range(world)), my_ranks=[rank], op="max")
+    return bool(out[0][0])
+
+
+def _failures(ep, rank, world) -> int:
+    return sum(s["failures"] for p in range(world) if p != rank for s in ep.rail_stats(p))
+
+
+def _wait_rails_up(ep, rank, world, limit_s=20.0) -> float:
+    """Until every rail to every peer is up again (a flapping link is held down for a while
+    after it settles), bounded; returns how long it took."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < limit_s:
+        if all(s["state"] == "up" for p in range(world) if p != rank for s in ep.rail_stats(p)):
+            break
+        time.sleep(0.02)
+    return time.monotonic() - t0
+
+
+def _shell(cmd: str, log: list, what: str):
+    t0 = time.time()
+    r = subprocess.run(cmd, shell=True, capture_output=True, text=True, timeout=60)
+    log.append({"what": what, "t0": t0, "t1": time.time(), "rc": r.returncode, "err": r.stderr[-500:]})
+
+
+def _at(when: float, fn):
+    def run():
+        time.sleep(max(0.0, when - time.time()))
+        fn()
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t
+
+
+def survivable(ep, rank, world, cells, fault_cmd, heal_cmd, fault_after_s, heal_after_s, settle_s,
+               warmup=2):
+    """For each cell (kind, nbytes): a few healthy iterations, then the loop during which rank 0
+    runs `fault_cmd` at fault_after_s and `heal_cmd` at heal_after_s (from the cell's agreed
+    start), until settle_s after the heal. Returns per cell: iterations, wrong outputs, the
+    healthy median, the longest iteration and when it ran, the rail failures this process saw."""
+    hc, mon = _setup(ep)
+    rows = []
+    try:
+        for ci, (kind, nbytes) in enumerate(cells):
+            mine, ref = _case(kind, nbytes, rank, world, seed=ci)
+            pr = list(range(world))
+            waited = _wait_rails_up(ep, rank, world)
+            barrier(ep, rank, world)
+            healthy, wrong = [], 0
+            for _ in range(warmup):
+                t0 = time.monotonic()
+                out = hc.run(kind, [mine], process_of_rank=pr, my_ranks=[rank])
+                _continue(hc, world, rank, True)
+                healthy.append(time.monotonic() - t0)
+                wrong += int(out[0].tobytes() != ref)
+            f0 = _failures(ep, rank, world)
+            start = _agreed_time(hc, world, rank)
+            t_fault, t_heal = start + fault_after_s, start + heal_after_s
+            end = t_heal + settle_s
+            log, threads = [], []
+            if rank == 0:
+                threads.append(_at(t_fault, lambda: _shell(fault_cmd, log, "fault")))
+                if heal_cmd:
+                    threads.append(_at(t_heal, lambda: _shell(heal_cmd, log, "heal")))
+            time.sleep(max(0.0, start - time.time()))
+            # One iteration: the cell's collective, then the 4-byte all-reduce that says whether
+            # to go on. Either may be the one the fault catches, so the two are timed together
+            # (what a training step of two collectives would pay).
+            steps = []
+            for _ in range(MAX_ITERS):
+                t0 = time.time()
+                out = hc.run(kind, [mine], process_of_rank=pr, my_ranks=[rank])
+                wrong += int(out[0].tobytes() != ref)
+                go = _continue(hc, world, rank, time.time() < end)
+                steps.append((t0, time.time()))
+                if not go:
+                    break
+            for t in threads:
+                t.join(timeout=90)
+            worst = max(steps, key=lambda s: s[1] - s[0])
+            after_heal = [b - a for a, b in steps if a >= t_heal + settle_s / 2]
+            rows.append({"kind": kind, "nbytes": nbytes, "iters": len(steps) + warmup, "wrong": wrong,
+                         "healthy_s": float(np.median(healthy)), "worst_s": worst[1] - worst[0],
+                         "worst_at_s": worst[0] - t_fault, "after_heal_s": (float(np.median(after_heal))
+                                                                          if after_heal else None),
+                         "failures": _failures(ep, rank, world) - f0, "cmds": log, "warm": healthy, "waited_up_s": waited,
+                         "slow": [(round(a - t_fault, 3), round(b - a, 3)) for a, b in steps if b - a > 0.05][:20]})
+    finally:
+        barrier(ep, rank, world)
+        _teardown(ep, rank, world, hc, mon)
+    return {"cells": rows}
+
+
+def fatal(ep, rank, world, kind, nbytes, fault, victim, fault_after_s, fault_cmd=None, limit_s=30.0):
+    """One cell whose fault ends the job: the collective loops until it raises. `fault`: kill /
+    stop (the victim sends itself SIGKILL / SIGSTOP), cmd (rank 0 runs fault_cmd). Returns the
+    iterations before the fault (all checked), and the error: its cause, peer and sentence,
+    and how long after the fault it was raised."""
+    hc, mon = _setup(ep)
+    mine, ref = _case(kind, nbytes, rank, world, seed=7)
+    pr = list(range(world))
+    wrong = 0
+    out = hc.run(kind, [mine], process_of_rank=pr, my_ranks=[rank])
+    wrong += int(out[0].tobytes() != ref)
+    t_fault = _agreed_time(hc, world, rank) + fault_after_s
+    log = []
+    if rank == victim and fault in ("kill", "stop"):
+        sig = signal.SIGKILL if fault == "kill" else signal.SIGSTOP
+        _at(t_fault, lambda: os.kill(os.getpid(), sig))
+    if rank == 0 and fault == "cmd":
+        _at(t_fault, lambda: _shell(fault_cmd, log, "fault"))
+    res = {"iters": 0, "wrong": wrong, "error": None, "cmds": log}
+    while res["iters"] < MAX_ITERS and time.time() < t_fault + limit_s:
+        try:
+            out = hc.run(kind, [mine], process_of_rank=pr, my_ranks=[rank])
+        except R2cclError as e:
+            res.update(error=str(e), cause=e.cause, peer=e.peer, after_s=time.time() - t_fault)
+            break
+        res["iters"] += 1
+        res["wrong"] += int(out[0].tobytes() != ref)
+    # No closing barrier: the job is over (a peer is dead, stopped or cut off). Closing the
+    # executor must itself return promptly.
+    t0 = time.monotonic()
+    hc.set_capacity(None)
+    mon.close()
+    hc.close()
+    res["close_s"] = time.monotonic() - t0
+    return res
+
+
+def mismatched(ep, rank, world, cells, victim, timeout_s):
+    """For each cell: every process but `victim` runs the cell's collective, the victim runs
+    another kind with the same input. Every process must raise (cause mismatch) within
+    timeout_s; then the same collective on every process must work, bit-exact."""
+    hc, mon = _setup(ep)
+    kinds = ["all_reduce", "all_gather", "reduce_scatter", "all_to_all"]
+    rows = []
+    try:
+        for ci, (kind, nbytes) in enumerate(cells):
+            mine, ref = _case(kind, nbytes, rank, world, seed=ci)
+            pr = list(range(world))
+            mykind = kinds[(kinds.index(kind) + 1) % len(kinds)] if rank == victim else kind
+            t0 = time.time()
+            row = {"kind": kind, "nbytes": nbytes, "other": mykind, "error": None}
+            try:
+                hc.run(mykind, [mine], process_of_rank=pr, my_ranks=[rank], timeout=timeout_s)
+            except R2cclError as e:
+                row.update(error=str(e), cause=e.cause, peer=e.peer)
+            row["after_s"] = time.time() - t0
+            out = hc.run(kind, [mine], process_of_rank=pr, my_ranks=[rank])
+            row["then_wrong"] = int(out[0].tobytes() != ref)
+            rows.append(row)
+    finally:
+        barrier(ep, rank, world)
+        _teardown(ep, rank, world, hc, mon)
+    return {"cells": rows}
