@@ -117,10 +117,11 @@ def survivable(ep, rank, world, cells, fault_cmd, heal_cmd, fault_after_s, heal_
             t_fault, t_heal = start + fault_after_s, start + heal_after_s
             end = t_heal + settle_s
             log, threads = [], []
-            if rank == 0:
-                threads.append(_at(t_fault, lambda: _shell(fault_cmd, log, "fault")))
-                if heal_cmd:
-                    threads.append(_at(t_heal, lambda: _shell(heal_cmd, log, "heal")))
+            if rank == 0:   # "{cell}" in a command is the cell's index (a file name per cell, say)
+                fc, hc_ = fault_cmd.replace("{cell}", str(ci)), (heal_cmd or "").replace("{cell}", str(ci))
+                threads.append(_at(t_fault, lambda: _shell(fc, log, "fault")))
+                if hc_:
+                    threads.append(_at(t_heal, lambda: _shell(hc_, log, "heal")))
             time.sleep(max(0.0, start - time.time()))
             # One iteration: the cell's collective, then the 4-byte all-reduce that says whether
             # to go on. Either may be the one the fault catches, so the two are timed together

@@ -27,7 +27,7 @@ TENTH = "20mbit"
 KINDS = ["all_reduce", "all_gather", "reduce_scatter", "all_to_all"]
 SIZES = [4 << 10, 16 << 20]
 CELLS = [(k, n) for n in SIZES for k in KINDS]
-TIMEOUT_S = 3.0          # R2CCL_TIMEOUT of the jobs a fault ends
+TIMEOUT_S = 2.0          # R2CCL_TIMEOUT of the jobs a fault ends
 SURVIVE_TIMEOUT_S = 5.0  # ... and of the jobs that survive theirs (all NICs down for 1 s < 5 s)
 SLACK_S = 2.0            # stated slack: detection (3 heartbeats) plus scheduling on 2 shared cores
 NIC = 2                  # the NIC a single-NIC fault hits, on the last host
@@ -40,12 +40,12 @@ def _all(verb: str, host: int, nics) -> str:
 def _survivable(h: int) -> dict:
     """fault -> (fault command, heal command, fault at, heal at, settle after heal)."""
     return {
-        "fail": (tb("fail", h, NIC), tb("heal", h, NIC), 0.3, 1.3, 0.8),
-        "flap": (tb("flap", h, NIC, 50, 6), None, 0.3, 1.0, 0.8),
-        "blackhole": (tb("blackhole", h, NIC), tb("degrade", h, NIC, "base"), 0.3, 1.3, 0.8),
-        "degrade": (tb("degrade", h, NIC, TENTH), tb("degrade", h, NIC, "base"), 0.3, 1.5, 0.8),
-        "all_but_one": (_all("fail", h, [1, 2, 3]), _all("heal", h, [1, 2, 3]), 0.3, 1.3, 0.8),
-        "all_nics_1s": (_all("fail", h, [0, 1, 2, 3]), _all("heal", h, [0, 1, 2, 3]), 0.3, 1.3, 1.0),
+        "fail": (tb("fail", h, NIC), tb("heal", h, NIC), 0.3, 1.1, 0.6),
+        "flap": (tb("flap", h, NIC, 50, 6), None, 0.3, 0.9, 0.6),
+        "blackhole": (tb("blackhole", h, NIC), tb("degrade", h, NIC, "base"), 0.3, 1.1, 0.6),
+        "degrade": (tb("degrade", h, NIC, TENTH), tb("degrade", h, NIC, "base"), 0.3, 1.3, 0.6),
+        "all_but_one": (_all("fail", h, [1, 2, 3]), _all("heal", h, [1, 2, 3]), 0.3, 1.1, 0.6),
+        "all_nics_1s": (_all("fail", h, [0, 1, 2, 3]), _all("heal", h, [0, 1, 2, 3]), 0.3, 1.3, 0.8),
     }
 
 

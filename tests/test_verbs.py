@@ -282,3 +282,59 @@ def test_a_rail_is_a_rail_verbs_chunks_move_to_a_socket_rail(bed):
     assert [s["transport"] for s in r0["stats"]] == ["ibverbs", "socket"], r0["stats"]
     assert r0["stats"][0]["failures"] >= 1 and "IBV_EVENT_PORT_ERR" in r0["stats"][0]["last_error"], r0["stats"]
     assert r0["stats"][1]["tx_bytes"] > n / 2, r0["stats"]
+
+
+# The fault matrix's cells over verbs (tests/test_fault_matrix.py runs the full matrix on the
+# namespace test bed): two guests, every kind at 4 KiB and 2 MiB (the guests are emulated: a
+# 16 MiB collective takes seconds there), through the same workers.
+MATRIX_CELLS = [(k, n) for n in (4 << 10, 2 << 20) for k in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")]
+
+
+@pytest.mark.parametrize("fault", ["fail", "blackhole"])
+def test_matrix_cells_over_verbs_survive_bit_exact(bed, fault):
+    """Guest 1's second NIC cut from outside (port event), or a black hole inside guest 0,
+    landing in the middle of each cell's loop; every output bit-exact."""
+    if fault == "fail":
+        cmd, heal = "touch {SHARED}/cut{cell}", "touch {SHARED}/heal{cell}"
+        on_file = {**{f"cut{i}": _cut(1, 1) for i in range(len(MATRIX_CELLS))},
+                   **{f"heal{i}": _heal(1, 1) for i in range(len(MATRIX_CELLS))}}
+        hole_s = 1.7
+    else:
+        # An idle rail's black hole is seen by heartbeat silence: 3 x 500 ms here, plus a
+        # guest's scheduling; the hole lasts longer than that.
+        cmd, heal, on_file = "tc qdisc add dev eth1 root netem loss 100%", "tc qdisc del dev eth1 root", None
+        hole_s = 3.0
+    rs = run_ranks_vm("matrix_workers:survivable", nics=NICS, config=VERBS, timeout=400, on_file=on_file,
+                      args={"cells": MATRIX_CELLS, "fault_cmd": cmd, "heal_cmd": heal, "fault_after_s": 0.3,
+                            "heal_after_s": 0.3 + hole_s, "settle_s": 1.5})
+    cells = [r["cells"] for r in results(rs)]
+    for ci, (kind, n) in enumerate(MATRIX_CELLS):
+        for r in range(2):
+            x = cells[r][ci]
+            assert x["wrong"] == 0 and x["worst_s"] < VERBS["timeout_s"], (fault, kind, n, r, x)
+            assert x["failures"] >= 1, (fault, kind, n, r, x)       # the fault landed
+        print(f"verbs {fault} {kind} {n >> 10} KiB: worst {cells[0][ci]['worst_s'] * 1e3:.0f} ms "
+              f"(healthy {cells[0][ci]['healthy_s'] * 1e3:.1f} ms)")
+
+
+def test_matrix_mismatch_over_verbs_is_an_error_on_both_then_the_next_works(bed):
+    rs = run_ranks_vm("matrix_workers:mismatched", nics=NICS, config=VERBS, timeout=300,
+                      args={"cells": MATRIX_CELLS, "victim": 1, "timeout_s": 10.0})
+    for r, res in enumerate(results(rs)):
+        for x in res["cells"]:
+            assert x["error"] and x["cause"] == "mismatch" and x["after_s"] < 10.0, (r, x)
+            assert x["then_wrong"] == 0, (r, x)
+
+
+@pytest.mark.parametrize("nbytes", [4 << 10, 2 << 20])
+def test_matrix_killed_peer_over_verbs_is_an_error_within_the_timeout(bed, nbytes):
+    timeout = 10.0
+    rs = run_ranks_vm("matrix_workers:fatal", nics=NICS, config={**VERBS, "timeout_s": timeout}, timeout=200,
+                      expect_fail=True, may_die={1},
+                      args={"kind": "all_reduce", "nbytes": nbytes, "victim": 1, "fault": "kill",
+                            "fault_after_s": 0.3, "limit_s": timeout + 20})
+    assert rs[1].get("died"), rs[1]
+    x = rs[0]["result"]
+    assert x["wrong"] == 0 and x["error"] and x["cause"] in ("peer_gone", "all_rails_down", "timeout"), x
+    assert x["after_s"] <= timeout + 2.0, x
+    print(f"verbs kill all_reduce {nbytes >> 10} KiB: {x['cause']} after {x['after_s']:.2f} s")
