@@ -265,7 +265,7 @@ def _report(a, faults, log, out_dir, codes) -> dict:
            "worst_vs_expected": ({"ratio": worst[0], "at_s": worst[1], "seconds": worst[2], "expected_s": worst[3],
                                   "bytes": worst[4]} if worst else None),
            "steps_over_expected": over, "exit_codes": codes, "pass": ok}
-    print(f"[soak] steps {rep['steps']} (collective outputs checked bit for bit, 4 per step on every device: {rep["collectives_checked"]}), "
+    print(f"[soak] steps {rep['steps']} (collective outputs checked bit for bit, 4 per step on every device: {rep['collectives_checked']}), "
           f"faults injected {rep['faults_injected']} of {rep['faults_scheduled']} "
           f"({', '.join(f'{k} {v}' for k, v in by_kind.items())})", flush=True)
     print(f"[soak] failovers {rep['failovers']}, failbacks {rep['failbacks']} (rail failures and recoveries, "
