@@ -95,10 +95,11 @@ def test_nic_cut_from_outside_mid_transfer_fails_over_at_the_port_event_bit_exac
     # guests) sees the rail come back before its stats are read.
     assert rail["failures"] >= 1 and (rail["state"] == "down" or rail["recoveries"] >= 1), r0["stats"]
     # The rail failed on the port event itself (not on silence): the event's guest time is in
-    # the reason, the rail's failure time in its stats, both on the guest's clock.
+    # the reason, the rail's failure time in its stats, both on the guest's clock. (Its last
+    # change is the failback when the transfer outlasted the heal: 6.5 s was read so in CI.)
     m = re.search(r"IBV_EVENT_PORT_ERR at unix time ([0-9.]+)", rail["last_error"])
     assert m, rail
-    react = rail["last_change_unix_s"] - float(m.group(1))
+    react = rail["last_failure_unix_s"] - float(m.group(1))
     # The target is 50 ms; measured here 9.3, 31.9 and 53.9 ms: the event is read and the rail
     # failed on one emulated vCPU that the guest kernel's Soft-RoCE work shares. The bound
     # leaves that scheduling noise room; the printed number is the measurement.

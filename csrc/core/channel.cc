@@ -221,7 +221,7 @@ void ChannelCore::fail_rail(int rail, FailReason reason, const std::string& why,
   r.failures++;
   r.closed_by_peer = reason == FailReason::kClosedByPeer;
   r.last_error = why;
-  r.changed_ns = now;
+  r.changed_ns = r.failed_ns = now;
   // Acks this rail still owed the peer go out on another rail.
   auto salvage_acks = [&](const TxFrame& f) {
     if (!f.is_ack) return;

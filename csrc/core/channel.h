@@ -129,6 +129,7 @@ struct Rail {
   uint64_t cum_sent = 1;           // the cumulative ack point last sent on this rail
 
   int64_t last_rx_ns = 0, last_tx_ns = 0, last_ack_ns = 0, progress_ns = 0, changed_ns = 0;
+  int64_t failed_ns = 0;           // when it last failed (0: never)
   int64_t rtt_ns = 0;              // last heartbeat round trip (0: none yet)
   bool closed_by_peer = false;     // the established connection ended by EOF or reset (not silence)
 

@@ -40,6 +40,7 @@ struct RailStats {
   std::string last_reason;      // why it last failed: io, closed_by_peer, protocol, checksum, stalled, silent,
                                 // injected, link_down, peer_link_down, replaced ("" if never)
   double last_change_unix_s = 0;
+  double last_failure_unix_s = 0;  // when it last failed (0: never); a later recovery moves last_change only
 };
 
 enum class Fault { kNone, kClose, kStall, kRate };

@@ -726,6 +726,7 @@ std::vector<RailStats> Engine::stats(int rank) {
       s.last_error = r.last_error;
       s.last_reason = r.last_reason;
       s.last_change_unix_s = unix_now - static_cast<double>(now - r.changed_ns) / 1e9;
+      s.last_failure_unix_s = r.failed_ns ? unix_now - static_cast<double>(now - r.failed_ns) / 1e9 : 0.0;
       out.push_back(std::move(s));
     }
   });

@@ -130,6 +130,7 @@ nb::dict stats_dict(const RailStats& s) {
   d["fault"] = s.fault;
   d["last_error"] = s.last_error;
   d["last_change_unix_s"] = s.last_change_unix_s;
+  d["last_failure_unix_s"] = s.last_failure_unix_s;
   d["busy_s"] = s.busy_s;
   d["link_down"] = s.link_down;
   return d;
