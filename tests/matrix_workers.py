@@ -93,75 +93,100 @@ def _at(when: float, fn):
 
 def survivable(ep, rank, world, cells, fault_cmd, heal_cmd, fault_after_s, heal_after_s, settle_s,
                warmup=2):
-    """For each cell (kind, nbytes): a few healthy iterations, then the loop during which rank 0
-    runs `fault_cmd` at fault_after_s and `heal_cmd` at heal_after_s (from the cell's agreed
-    start), until settle_s after the heal. Returns per cell: iterations, wrong outputs, the
-    healthy median, the longest iteration and when it ran, the rail failures this process saw."""
+    """The cells (kind, nbytes) of one size run together, a round: each kind loops on its own
+    thread (calls named by key, so the kinds are in flight at once and the fault lands in every
+    one), while rank 0 runs `fault_cmd` at fault_after_s and `heal_cmd` at heal_after_s from the
+    round's agreed start; each loop runs until settle_s after the heal. Returns per cell:
+    iterations, wrong outputs, the healthy median (the kinds alone, before the round), the
+    longest iteration and when it ran, and the rail failures this process saw in the round.
+    "{cell}" in a command is the round's index (a file name per round, say)."""
     hc, mon = _setup(ep)
     rows = []
+    pr = list(range(world))
     try:
-        for ci, (kind, nbytes) in enumerate(cells):
-            mine, ref = _case(kind, nbytes, rank, world, seed=ci)
-            pr = list(range(world))
+        for ri, nbytes in enumerate(dict.fromkeys(n for _, n in cells)):
+            kinds = [k for k, n in cells if n == nbytes]
+            cases = {k: _case(k, nbytes, rank, world, seed=10 * ri + i) for i, k in enumerate(kinds)}
             waited = _wait_rails_up(ep, rank, world)
             barrier(ep, rank, world)
-            healthy, wrong = [], 0
-            for _ in range(warmup):
-                t0 = time.monotonic()
-                out = hc.run(kind, [mine], process_of_rank=pr, my_ranks=[rank])
-                _continue(hc, world, rank, True)
-                healthy.append(time.monotonic() - t0)
-                wrong += int(out[0].tobytes() != ref)
+            wrong = {k: 0 for k in kinds}
+            errors = []
+
+            # One iteration: the cell's collective, then the 4-byte all-reduce that says whether
+            # to go on. Either may be the one the fault catches, so the two are timed together
+            # (what a training step of two collectives would pay).
+            def loop(k, phase, steps, n, end):
+                mine, ref = cases[k]
+                try:
+                    for i in range(n):
+                        t0 = time.time()
+                        out = hc.run(k, [mine], process_of_rank=pr, my_ranks=[rank], key=f"{ri}/{phase}/{k}/{i}")
+                        wrong[k] += int(out[0].tobytes() != ref)
+                        flag = np.array([1 if (rank == 0 and time.time() < end) else 0], np.int32)
+                        go = hc.run("all_reduce", [flag], process_of_rank=pr, my_ranks=[rank], op="max",
+                                    key=f"{ri}/{phase}/{k}/go/{i}")[0][0]
+                        steps[k].append((t0, time.time()))
+                        if not go:
+                            return
+                except BaseException as e:  # noqa: BLE001 - raised again on the rank's thread
+                    errors.append(e)
+
+            def together(phase, n, end):
+                steps = {k: [] for k in kinds}
+                threads = [threading.Thread(target=loop, args=(k, phase, steps, n, end)) for k in kinds]
+                for t in threads:
+                    t.start()
+                for t in threads:
+                    t.join()
+                if errors:
+                    raise errors[0]
+                return steps
+            # Healthy: the kinds in flight together, as they will be under the fault.
+            healthy = together("warm", warmup, float("inf"))
             f0 = _failures(ep, rank, world)
             start = _agreed_time(hc, world, rank)
             t_fault, t_heal = start + fault_after_s, start + heal_after_s
             end = t_heal + settle_s
-            log, threads = [], []
-            if rank == 0:   # "{cell}" in a command is the cell's index (a file name per cell, say)
-                fc, hc_ = fault_cmd.replace("{cell}", str(ci)), (heal_cmd or "").replace("{cell}", str(ci))
-                threads.append(_at(t_fault, lambda: _shell(fc, log, "fault")))
+            log, timers = [], []
+            if rank == 0:
+                fc, hc_ = fault_cmd.replace("{cell}", str(ri)), (heal_cmd or "").replace("{cell}", str(ri))
+                timers.append(_at(t_fault, lambda: _shell(fc, log, "fault")))
                 if hc_:
-                    threads.append(_at(t_heal, lambda: _shell(hc_, log, "heal")))
+                    timers.append(_at(t_heal, lambda: _shell(hc_, log, "heal")))
             time.sleep(max(0.0, start - time.time()))
-            # One iteration: the cell's collective, then the 4-byte all-reduce that says whether
-            # to go on. Either may be the one the fault catches, so the two are timed together
-            # (what a training step of two collectives would pay).
-            steps = []
-            for _ in range(MAX_ITERS):
-                t0 = time.time()
-                out = hc.run(kind, [mine], process_of_rank=pr, my_ranks=[rank])
-                wrong += int(out[0].tobytes() != ref)
-                go = _continue(hc, world, rank, time.time() < end)
-                steps.append((t0, time.time()))
-                if not go:
-                    break
-            for t in threads:
+            steps = together("fault", MAX_ITERS, end)
+            for t in timers:
                 t.join(timeout=90)
-            worst = max(steps, key=lambda s: s[1] - s[0])
-            after_heal = [b - a for a, b in steps if a >= t_heal + settle_s / 2]
-            rows.append({"kind": kind, "nbytes": nbytes, "iters": len(steps) + warmup, "wrong": wrong,
-                         "healthy_s": float(np.median(healthy)), "worst_s": worst[1] - worst[0],
-                         "worst_at_s": worst[0] - t_fault, "after_heal_s": (float(np.median(after_heal))
-                                                                          if after_heal else None),
-                         "failures": _failures(ep, rank, world) - f0, "cmds": log, "warm": healthy, "waited_up_s": waited,
-                         "slow": [(round(a - t_fault, 3), round(b - a, 3)) for a, b in steps if b - a > 0.05][:20]})
+            failures = _failures(ep, rank, world) - f0
+            for k in kinds:
+                worst = max(steps[k], key=lambda s: s[1] - s[0])
+                after_heal = [b - a for a, b in steps[k] if a >= t_heal + settle_s / 2]
+                rows.append({"kind": k, "nbytes": nbytes, "iters": len(steps[k]) + warmup, "wrong": wrong[k],
+                             "healthy_s": float(np.median([b - a for a, b in healthy[k]])),
+                             "worst_s": worst[1] - worst[0],
+                             "worst_at_s": worst[0] - t_fault,
+                             "after_heal_s": float(np.median(after_heal)) if after_heal else None,
+                             "failures": failures, "cmds": log, "waited_up_s": waited,
+                             "slow": [(round(a - t_fault, 3), round(b - a, 3)) for a, b in steps[k] if b - a > 0.05][:20]})
     finally:
         barrier(ep, rank, world)
         _teardown(ep, rank, world, hc, mon)
     return {"cells": rows}
 
 
-def fatal(ep, rank, world, kind, nbytes, fault, victim, fault_after_s, fault_cmd=None, limit_s=30.0):
-    """One cell whose fault ends the job: the collective loops until it raises. `fault`: kill /
-    stop (the victim sends itself SIGKILL / SIGSTOP), cmd (rank 0 runs fault_cmd). Returns the
-    iterations before the fault (all checked), and the error: its cause, peer and sentence,
-    and how long after the fault it was raised."""
+def fatal(ep, rank, world, kinds, nbytes, fault, victim, fault_after_s, fault_cmd=None, limit_s=30.0):
+    """The cells of one size whose fault ends the job, together: each kind loops on its own
+    thread (calls named by key, so the four are in flight at once) until it raises. `fault`:
+    kill / stop (the victim sends itself SIGKILL / SIGSTOP), cmd (rank 0 runs fault_cmd).
+    Returns per kind the iterations before the fault (all checked) and the error: its cause,
+    peer and sentence, and how long after the fault it was raised."""
     hc, mon = _setup(ep)
-    mine, ref = _case(kind, nbytes, rank, world, seed=7)
     pr = list(range(world))
-    wrong = 0
-    out = hc.run(kind, [mine], process_of_rank=pr, my_ranks=[rank])
-    wrong += int(out[0].tobytes() != ref)
+    cases = {k: _case(k, nbytes, rank, world, seed=7 + i) for i, k in enumerate(kinds)}
+    res = {k: {"iters": 0, "wrong": 0, "error": None} for k in kinds}
+    for k, (mine, ref) in cases.items():
+        out = hc.run(k, [mine], process_of_rank=pr, my_ranks=[rank])
+        res[k]["wrong"] += int(out[0].tobytes() != ref)
     t_fault = _agreed_time(hc, world, rank) + fault_after_s
     log = []
     if rank == victim and fault in ("kill", "stop"):
@@ -169,23 +194,30 @@ def fatal(ep, rank, world, kind, nbytes, fault, victim, fault_after_s, fault_cmd
         _at(t_fault, lambda: os.kill(os.getpid(), sig))
     if rank == 0 and fault == "cmd":
         _at(t_fault, lambda: _shell(fault_cmd, log, "fault"))
-    res = {"iters": 0, "wrong": wrong, "error": None, "cmds": log}
-    while res["iters"] < MAX_ITERS and time.time() < t_fault + limit_s:
-        try:
-            out = hc.run(kind, [mine], process_of_rank=pr, my_ranks=[rank])
-        except R2cclError as e:
-            res.update(error=str(e), cause=e.cause, peer=e.peer, after_s=time.time() - t_fault)
-            break
-        res["iters"] += 1
-        res["wrong"] += int(out[0].tobytes() != ref)
+
+    def loop(k):
+        mine, ref = cases[k]
+        r = res[k]
+        while r["iters"] < MAX_ITERS and time.time() < t_fault + limit_s:
+            try:
+                out = hc.run(k, [mine], process_of_rank=pr, my_ranks=[rank], key=f"{k}/{r['iters']}")
+            except R2cclError as e:
+                r.update(error=str(e), cause=e.cause, peer=e.peer, after_s=time.time() - t_fault)
+                return
+            r["iters"] += 1
+            r["wrong"] += int(out[0].tobytes() != ref)
+    threads = [threading.Thread(target=loop, args=(k,)) for k in kinds]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
     # No closing barrier: the job is over (a peer is dead, stopped or cut off). Closing the
     # executor must itself return promptly.
     t0 = time.monotonic()
     hc.set_capacity(None)
     mon.close()
     hc.close()
-    res["close_s"] = time.monotonic() - t0
-    return res
+    return {"cells": res, "close_s": time.monotonic() - t0, "cmds": log}
 
 
 def mismatched(ep, rank, world, cells, victim, timeout_s):
