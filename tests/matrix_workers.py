@@ -33,7 +33,7 @@ def _setup(ep):
     return hc, mon
 
 
-def _teardown(ep, rank, world, hc, mon):
+def _teardown(hc, mon):
     hc.set_capacity(None)
     mon.close()
     hc.close()
@@ -52,13 +52,6 @@ def _agreed_time(hc, world, rank, lead_s=0.2) -> float:
     t = hc.run("all_reduce", [np.array([time.time()], np.float64)], process_of_rank=list(range(world)),
                my_ranks=[rank], op="max")
     return float(t[0][0]) + lead_s
-
-
-def _continue(hc, world, rank, go: bool) -> bool:
-    """Rank 0's decision, seen by every process (a 4-byte all-reduce, itself under the fault)."""
-    out = hc.run("all_reduce", [np.array([1 if (go and rank == 0) else 0], np.int32)],
-                 process_of_rank=list(range(world)), my_ranks=[rank], op="max")
-    return bool(out[0][0])
 
 
 def _failures(ep, rank, world) -> int:
@@ -170,7 +163,7 @@ def survivable(ep, rank, world, cells, fault_cmd, heal_cmd, fault_after_s, heal_
                              "slow": [(round(a - t_fault, 3), round(b - a, 3)) for a, b in steps[k] if b - a > 0.05][:20]})
     finally:
         barrier(ep, rank, world)
-        _teardown(ep, rank, world, hc, mon)
+        _teardown(hc, mon)
     return {"cells": rows}
 
 
@@ -214,9 +207,7 @@ def fatal(ep, rank, world, kinds, nbytes, fault, victim, fault_after_s, fault_cm
     # No closing barrier: the job is over (a peer is dead, stopped or cut off). Closing the
     # executor must itself return promptly.
     t0 = time.monotonic()
-    hc.set_capacity(None)
-    mon.close()
-    hc.close()
+    _teardown(hc, mon)
     return {"cells": res, "close_s": time.monotonic() - t0, "cmds": log}
 
 
@@ -244,5 +235,5 @@ def mismatched(ep, rank, world, cells, victim, timeout_s):
             rows.append(row)
     finally:
         barrier(ep, rank, world)
-        _teardown(ep, rank, world, hc, mon)
+        _teardown(hc, mon)
     return {"cells": rows}
