@@ -160,6 +160,17 @@ SETTINGS: tuple[Setting, ...] = (
             "min-max of the cost model; auto: the model's fastest. Capacities come from the health "
             "monitor and travel with each call, so every process runs the same plan. Results are "
             "bit-identical under every plan. Must be equal on every process."),
+    Setting("R2CCL_ALGO", "algo", str,
+            "Collective algorithm. direct: every process exchanges with every other (the least "
+            "data: the all-reduce moves 2(P-1)/P of the vector per process; P-1 peers). ring: each "
+            "process exchanges with its two ring neighbours only (the all-reduce moves about twice "
+            "the vector per process, in pieces, so the canonical summation order holds); "
+            "all-to-all is always direct. auto: direct up to R2CCL_MAX_PEERS peers, the ring "
+            "beyond. Results are bit-identical under every algorithm. Must be equal on every "
+            "process (checked with each call)."),
+    Setting("R2CCL_MAX_PEERS", "max_peers", int,
+            "Under R2CCL_ALGO=auto: the most processes one process exchanges data with directly in "
+            "a collective; a larger group runs the ring."),
     Setting("R2CCL_STAGING_BYTES", "staging_bytes", int,
             "GPU platform: bound on the pinned host staging of one GPU (a pool reused across calls; "
             "a collective uses up to three steps of it at once)."),

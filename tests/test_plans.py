@@ -33,6 +33,32 @@ def test_every_plan_gives_the_same_bits_and_every_process_the_same_plan(world, l
         assert [round(s, 4) for s in by_plan["r2cc"]["shares"]] == [0.2917, 0.2917, 0.2917, 0.125]
 
 
+ALGO_CASES = [("all_reduce", "float32", "sum", 1_000_003), ("all_reduce", "bfloat16", "sum", 3001),
+              ("all_reduce", "float64", "prod", 300_001), ("reduce_scatter", "float32", "sum", 600_000),
+              ("reduce_scatter", "int32", "max", 1200), ("all_gather", "bfloat16", "sum", 250_001),
+              ("broadcast", "float32", "sum", 400_003)]
+
+
+@pytest.mark.parametrize("world,local,caps", [(4, 1, [4, 4, 4, 2]), (3, 2, [4, 1, 3]), (2, 1, [4, 4])])
+def test_every_algorithm_and_plan_gives_the_same_bits(world, local, caps):
+    """direct (owners, with every plan), ring (the fold along the ring) and auto, for every
+    kind a ring exists for, large (pieced: 1 MiB pieces, several per ring hop) and small:
+    every output is the canonical-order reference, byte for byte, on every process."""
+    res = run_ranks("algos_bit_exact", world, nics=LOOPBACK4[:2], timeout=240,
+                    args={"capacities": caps, "cases": ALGO_CASES, "local": local})
+    rows = [r["result"] for r in res]
+    for per_process in rows:
+        assert all(x["exact"] for x in per_process), [x for x in per_process if not x["exact"]]
+    ran = {(x["algo"], x["plan"]): x["ran"] for x in rows[0] if x["case"][0] == "all_reduce" and x["case"][3] > 5000}
+    assert ran[("ring", "balance")][0] == "ring" and ran[("direct", "balance")][0] == "direct", ran
+    assert ran[("auto", "auto")][0] == "direct", ran          # R2CCL_MAX_PEERS (16) >= world - 1
+    if world > 2:
+        assert ran[("direct", "auto")][1] == "optimal", ran   # the capacities differ: a real plan
+    for case in {tuple(x["case"]) for x in rows[0]}:
+        digests = {x["digest"] for x in rows[0] if tuple(x["case"]) == case}
+        assert len(digests) == 1, (case, digests)        # every algorithm and plan: the same bytes
+
+
 def test_mismatched_plans_are_a_clear_error_on_every_process():
     res = run_ranks("host_mismatch", 2, nics=LOOPBACK4[:2], timeout=60, args={"what": "plan"})
     for r in res:

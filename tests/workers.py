@@ -454,9 +454,11 @@ def host_mismatch(ep, rank, world, what):
     the next collective works."""
     from jax_r2ccl.transport.host_collectives import HostCollectives
     hc = HostCollectives(ep)
-    n, dt, op, plan = 1000, np.float32, "sum", ""
+    n, dt, op, plan, algo = 1000, np.float32, "sum", "", ""
     if what == "plan":   # a large all-reduce: the planned path
         n, plan = 100_000, ("optimal" if rank == 1 else "balance")
+    if what == "algo":   # process 1 runs direct, the others the ring
+        n, algo = 100_000, ("direct" if rank == 1 else "ring")
     if rank == 1:
         if what == "size":
             n = 2000
@@ -465,12 +467,14 @@ def host_mismatch(ep, rank, world, what):
         elif what == "op":
             op = "max"
     out = {}
+    t0 = time.monotonic()
     try:
         hc.run("all_reduce", [np.ones(n, dt)], process_of_rank=list(range(world)), my_ranks=[rank], op=op,
-               timeout=5.0, plan=plan)
+               timeout=5.0, plan=plan, algo=algo)
         out["error"] = None
     except R2cclError as e:
         out.update(error=str(e), cause=e.cause)
+    out["seconds"] = time.monotonic() - t0
     res = hc.run("all_reduce", [np.full(10, rank + 1, np.int64)], process_of_rank=list(range(world)), my_ranks=[rank])
     out["after"] = res[0].tolist()
     return out
@@ -621,6 +625,68 @@ def metrics_scrape(ep, rank, world, nbytes=16 << 20):
     mon.close()
     barrier(ep, rank, world)
     return out
+
+
+def algos_bit_exact(ep, rank, world, capacities, cases, local=1):
+    """Every algorithm x plan x kind on the same inputs (this process's capacity is
+    capacities[rank], so the plans differ): each output checked bit for bit against the
+    canonical-order reference; the algorithm each all-reduce ran, and a digest of every output."""
+    import hashlib
+    import ml_dtypes  # noqa: F401
+    from jax_r2ccl.transport.host_collectives import HostCollectives
+    hc = HostCollectives(ep)
+    hc.set_capacity(capacities[rank])
+    process_of_rank = [p for p in range(world) for _ in range(local)]
+    my_ranks = [r for r, p in enumerate(process_of_rank) if p == rank]
+    n = len(process_of_rank)
+    out = []
+    for i, (kind, dtype, op, count) in enumerate(cases):
+        ins = {r: _rank_input(kind, dtype, count, r, seed=i) for r in range(n)}
+        for root in ([0, n - 1] if kind == "broadcast" else [0]):
+            ref = host_reference(kind, op, [ins[r] for r in range(n)], process_of_rank, root)
+            plans = ("balance", "optimal", "auto") if kind == "all_reduce" else ("",)
+            for algo in ("direct", "ring", "auto"):
+                for plan in plans:
+                    outs = hc.run(kind, [ins[r] for r in my_ranks], process_of_rank=process_of_rank,
+                                  my_ranks=my_ranks, op=op, plan=plan, algo=algo, root=root)
+                    lp = hc.last_plan()
+                    out.append({"case": [kind, dtype, op, count, root], "algo": algo, "plan": plan,
+                                "ran": [lp["algo"], lp["plan"]] if kind == "all_reduce" else None,
+                                "exact": all(o.tobytes() == ref[r].tobytes() for r, o in zip(my_ranks, outs)),
+                                "digest": hashlib.sha256(b"".join(o.tobytes() for o in outs)).hexdigest()})
+    barrier(ep, rank, world)
+    hc.close()
+    return out
+
+
+def ring_connections(ep, rank, world, count=300_007):
+    """Connections on demand: which peers this process opened, and its rails up, after
+    start-up, after each ring collective (checked bit for bit), and after an all-to-all
+    (always direct: it opens every peer)."""
+    import ml_dtypes  # noqa: F401
+    from jax_r2ccl.transport.host_collectives import HostCollectives
+
+    def rails_up():
+        return sum(s["state"] == "up" for p in range(world) if p != rank for s in ep.rail_stats(p))
+    seen = [{"when": "start", "opened": ep.opened_peers(), "rails_up": rails_up()}]
+    hc = HostCollectives(ep)
+    pr = list(range(world))
+    bad = []
+    algos = []
+    for i, kind in enumerate(("all_reduce", "reduce_scatter", "all_gather", "broadcast", "all_reduce", "all_to_all")):
+        n = count - count % world if kind in ("reduce_scatter", "all_to_all") else (1000 if i == 4 else count)
+        ins = [_rank_input(kind, "float32", n, r, seed=i) for r in range(world)]
+        root = world - 1
+        out = hc.run(kind, [ins[rank]], process_of_rank=pr, my_ranks=[rank], root=root)
+        ref = host_reference(kind, "sum", ins, pr, root)
+        if out[0].tobytes() != ref[rank].tobytes():
+            bad.append(kind)
+        if kind == "all_reduce":
+            algos.append(hc.last_plan()["algo"])
+        seen.append({"when": kind, "opened": ep.opened_peers(), "rails_up": rails_up()})
+    hc.close()
+    barrier(ep, rank, world)
+    return {"seen": seen, "bad": bad, "algos": algos, "rails_per_peer": len(ep.rail_stats((rank + 1) % world))}
 
 
 def plans_bit_exact(ep, rank, world, capacities, cases, local=1):

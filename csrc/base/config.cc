@@ -35,6 +35,7 @@ std::string Config::validate() const {
   if (max_message_bytes < 1) return bad("R2CCL_MAX_MESSAGE_BYTES", "must be >= 1");
   if (monitor_ms < 0 || monitor_ms > 60000) return bad("R2CCL_MONITOR_MS", "must be 0..60000");
   if (link_holddown_ms < 0 || link_holddown_ms > 600000) return bad("R2CCL_LINK_HOLDDOWN_MS", "must be 0..600000");
+  if (max_peers < 1 || max_peers > 1000000) return bad("R2CCL_MAX_PEERS", "must be 1..1000000");
   if (poll_us < 0 || poll_us > 1000000) return bad("R2CCL_POLL_US", "must be 0..1000000");
   if (eager_bytes > kEagerBytesMax)
     return bad("R2CCL_EAGER_BYTES", "must be 0.." + std::to_string(kEagerBytesMax));

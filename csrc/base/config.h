@@ -69,6 +69,8 @@ struct Config {
   bool adaptive_weights = true;              // R2CCL_ADAPTIVE_WEIGHTS: rail weights follow measured bandwidth
   int link_holddown_ms = 100;                // R2CCL_LINK_HOLDDOWN_MS: a NIC back up waits this long (x2 per recent flap)
   std::string plan = "auto";                 // R2CCL_PLAN: all-reduce plan (coll::kPlanNames; checked there)
+  std::string algo = "auto";                 // R2CCL_ALGO: collective algorithm (coll::kAlgoNames; checked there)
+  int max_peers = 16;                        // R2CCL_MAX_PEERS: auto runs the ring past this many direct peers
   uint64_t eager_bytes = 32 << 10;           // R2CCL_EAGER_BYTES: sends up to this size complete when copied (0: when acked)
   int poll_us = 250;                         // R2CCL_POLL_US: a small request's waiter polls the network itself this long
   int sync_wait_us = 1000;                   // R2CCL_SYNC_WAIT_US: XLA's thread waits this long for a lone small collective
@@ -77,7 +79,8 @@ struct Config {
   int debug_level = 1;                       // R2CCL_DEBUG: 0 ERROR, 1 WARN, 2 INFO, 3 TRACE
 
   // Returns an empty string when every field is in range, else a sentence naming the field.
-  // The plan's name is not checked here: its names belong to coll/ (coll::plan_setting_error).
+  // The plan's and algorithm's names are not checked here: they belong to coll/
+  // (coll::plan_setting_error, coll::algo_setting_error).
   std::string validate() const;
 };
 

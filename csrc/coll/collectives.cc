@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <cstring>
 #include <future>
+#include <limits>
 #include <map>
 #include <set>
 
@@ -58,6 +59,8 @@ std::string validate(const ProcessCall& c, int my_process) {
   PlanKind pk;
   if (!c.plan.empty() && !parse_plan(c.plan, &pk))
     return "unknown all-reduce plan '" + c.plan + "' (use auto, balance, r2cc, weighted or optimal)";
+  AlgoKind ak;
+  if (!c.algo.empty() && !parse_algo(c.algo, &ak)) return "unknown algorithm '" + c.algo + "' (use auto, direct or ring)";
   if (c.dtype == DType::kBool && (c.op == ReduceOp::kSum || c.op == ReduceOp::kProd) &&
       (c.kind == Kind::kAllReduce || c.kind == Kind::kReduceScatter))
     return std::string("a ") + reduce_op_name(c.op) + " over bool is not defined (use max or min)";
@@ -70,6 +73,10 @@ constexpr int64_t kNs = 1000000000;
 // From this long into a collective, its executor looks (every 100 ms) for a peer's
 // announcement of the same collective that says it is another call (Op::diverged).
 constexpr int64_t kSameCallProbeNs = 100 * 1000000;
+
+// The ring's abort notice (Op::ring_listen): cause, origin process, then a sentence.
+constexpr uint64_t kAbortBytes = 512;
+constexpr uint64_t kAbortPhase = 20;
 
 int64_t mono_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
@@ -106,11 +113,17 @@ class Executor::Op {
       : ex_(ex), ep_(ep), c_(std::move(c)), me_(my_process), opt_(opt), esize_(dtype_size(c_.dtype)) {
     plan_kind_ = opt_.plan;
     if (!c_.plan.empty()) parse_plan(c_.plan, &plan_kind_);   // validated by validate()
+    AlgoKind want = opt_.algo;
+    if (!c_.algo.empty()) parse_algo(c_.algo, &want);
     started_ns_ = mono_ns();
     deadline_ns_ = started_ns_ + static_cast<int64_t>(c_.timeout_s * kNs);
     for (int p : c_.process_of_rank)
       if (std::find(procs_.begin(), procs_.end(), p) == procs_.end()) procs_.push_back(p);
     mi_ = static_cast<int>(std::find(procs_.begin(), procs_.end(), me_) - procs_.begin());
+    // All-to-all moves fixed blocks between fixed pairs: always direct.
+    algo_ = c_.kind == Kind::kAllToAll ? AlgoKind::kDirect
+                                       : choose_algo(want, static_cast<int>(procs_.size()), opt_.max_peers);
+    ring_ = algo_ == AlgoKind::kRing && procs_.size() > 1;
   }
 
   void set_wake(std::function<void()> wake) { wake_ = std::move(wake); }
@@ -159,6 +172,7 @@ class Executor::Op {
   bool step() {
     if (finished_) return true;
     if (!signatures_agree()) return true;   // the clearest account of a disagreement comes first
+    if (ring_notice_arrived()) return true;
     for (auto& m : msgs_)
       if (m.req && m.req->finished() && m.req->failed()) {
         // A peer that found the two of us in different collectives may fail and leave before
@@ -241,6 +255,7 @@ class Executor::Op {
   bool finish(const Error* e) {
     if (finished_) return true;
     finished_ = true;
+    ring_close(e);
     if (e)
       for (size_t i = 0; i < msgs_.size(); i++) {
         auto& m = msgs_[i];
@@ -282,7 +297,8 @@ class Executor::Op {
       int mi = p.msg[p.next];
       if (mi >= 0 && !msgs_[mi].req->finished()) break;
       if (p.next == 0) {
-        if (bytes) std::memcpy(p.acc, p.src[0], bytes);   // (an empty collective's buffers may be null)
+        // (An empty collective's buffers may be null; a ring piece folds in its receive buffer.)
+        if (bytes && p.acc != p.src[0]) std::memcpy(p.acc, p.src[0], bytes);
       } else
         reduce_into(c_.dtype, c_.op, p.acc, p.src[p.next], p.elems);
       p.next++;
@@ -355,7 +371,7 @@ class Executor::Op {
   // every process with both versions named. Equal-sized mismatches (float32 vs int32) would
   // otherwise go unseen.
   Sig signature() const {
-    return make_signature(c_.kind, c_.dtype, c_.op, plan_kind_, c_.count, c_.root, c_.process_of_rank, c_.tag);
+    return make_signature(c_.kind, c_.dtype, c_.op, plan_kind_, algo_, c_.count, c_.root, c_.process_of_rank, c_.tag);
   }
 
   // Separate signature messages (large collectives; small all-reduces carry theirs in front
@@ -371,7 +387,7 @@ class Executor::Op {
     encode_signature(my_sig_, mine);
     const double cap = with_capacity ? my_capacity_ : 0.0;
     std::memcpy(mine + kSigBytes, &cap, sizeof(double));
-    for (int q : procs_) {
+    for (int q : ring_ ? ring_neighbours() : procs_) {
       if (q == me_) continue;
       sig_sends_.insert(send(q, tag, mine, len));
       uint8_t* b = temp(len);
@@ -494,6 +510,7 @@ class Executor::Op {
     std::lock_guard<std::mutex> g(ex_->plan_mu_);
     PlanRecord& r = ex_->last_plan_;
     r.kind = kind;
+    r.algo = algo_;
     r.shares = std::move(shares);
     r.capacities = std::move(caps);   // empty: not exchanged (two processes: nothing to plan)
     r.processes = procs_;
@@ -521,10 +538,12 @@ class Executor::Op {
     const int n = static_cast<int>(c_.process_of_rank.size());
     const int P = static_cast<int>(procs_.size());
     const uint64_t N = c_.count;
-    const bool small_all_reduce = c_.kind == Kind::kAllReduce && N * esize_ <= opt_.small_bytes;
+    // (The ring has no one-step exchange: that would be a direct peer for every process.)
+    const bool small_all_reduce = c_.kind == Kind::kAllReduce && N * esize_ <= opt_.small_bytes && !ring_;
     inline_ok_ = small_all_reduce && P > 1;
     // With two processes each moves the whole vector whatever it owns: no plan to wait for.
-    const bool planned = c_.kind == Kind::kAllReduce && !small_all_reduce && P > 2;
+    // The ring has no owners to plan.
+    const bool planned = c_.kind == Kind::kAllReduce && !small_all_reduce && P > 2 && !ring_;
     if (planned) {
       std::function<double()> source;
       {
@@ -535,6 +554,7 @@ class Executor::Op {
       if (!std::isfinite(my_capacity_) || my_capacity_ < 0) my_capacity_ = 0;
     }
     if (!small_all_reduce) exchange_signatures(planned);
+    if (ring_) ring_listen();
     switch (c_.kind) {
       case Kind::kAllReduce: {
         // Inputs that alias outputs must be copied: other shards' results land in out[0].
@@ -542,7 +562,10 @@ class Executor::Op {
         for (size_t i = 0; i < (c_.prefolded ? 1 : c_.in.size()); i++)
           for (size_t j = 0; j < c_.out.size(); j++) alias |= overlaps(c_.in[i], N * esize_, c_.out[j], N * esize_);
         const uint8_t* S = local_sum(N, alias && P > 1);
-        if (P == 1 || small_all_reduce) {
+        if (ring_) {
+          ring_all_reduce(S, N);
+          record_plan(PlanKind::kBalance, {}, {});
+        } else if (P == 1 || small_all_reduce) {
           // One step: every process gets every S_p and folds them in canonical order.
           reduce_segment_all(S, N);
         } else if (!planned) {
@@ -563,6 +586,10 @@ class Executor::Op {
       case Kind::kReduceScatter: {
         const uint64_t shard = N / static_cast<uint64_t>(n);
         const uint8_t* S = local_sum(N, false);
+        if (ring_) {
+          ring_reduce_scatter(S, shard, n);
+          break;
+        }
         for (int r = 0; r < n; r++) {
           int owner = c_.process_of_rank[r];
           int oi = static_cast<int>(std::find(procs_.begin(), procs_.end(), owner) - procs_.begin());
@@ -576,11 +603,19 @@ class Executor::Op {
         for (size_t i = 0; i < c_.my_ranks.size(); i++) {
           int r = c_.my_ranks[i];
           final_copies_.push_back({at(c_.out[0], N * static_cast<uint64_t>(r)), c_.in[i], bytes});
+          if (ring_) {
+            ring_send(14, static_cast<uint64_t>(r), static_cast<const uint8_t*>(c_.in[i]), N);
+            continue;
+          }
           for (int q : procs_)
             if (q != me_) send(q, mix_tag(c_.tag, 5, static_cast<uint64_t>(r), 0, 0), c_.in[i], bytes);
         }
         for (int r = 0; r < n; r++)
-          if (c_.process_of_rank[r] != me_)
+          if (ring_ && c_.process_of_rank[r] != me_)
+            // Each block goes around the ring from its process, and stops before it again.
+            ring_relay(14, static_cast<uint64_t>(r), at(c_.out[0], N * static_cast<uint64_t>(r)), N,
+                       ring_next() != c_.process_of_rank[r]);
+          else if (c_.process_of_rank[r] != me_)
             recv(c_.process_of_rank[r], mix_tag(c_.tag, 5, static_cast<uint64_t>(r), 0, 0),
                  at(c_.out[0], N * static_cast<uint64_t>(r)), bytes);
         // out[0] is complete only after the local copies: order them before the fan-out.
@@ -617,16 +652,187 @@ class Executor::Op {
         uint64_t tag = mix_tag(c_.tag, 7, 0, 0, 0);
         if (root_proc == me_) {
           const void* src = c_.in[local_index(c_.root)];
-          for (int q : procs_)
-            if (q != me_) send(q, tag, src, bytes);
+          if (ring_)
+            ring_send(15, 0, static_cast<const uint8_t*>(src), N);
+          else
+            for (int q : procs_)
+              if (q != me_) send(q, tag, src, bytes);
           for (size_t i = 0; i < c_.out.size(); i++)
             if (c_.out[i] != src) final_copies_.push_back({c_.out[i], src, bytes});
+        } else if (ring_) {
+          // Along the ring from the root; the process before the root is the last.
+          ring_relay(15, 0, static_cast<uint8_t*>(c_.out[0]), N, ring_next() != root_proc);
+          copy_out_to_other_locals(N);
         } else {
           recv(root_proc, tag, c_.out[0], bytes);
           copy_out_to_other_locals(N);
         }
         break;
       }
+    }
+  }
+
+  // --- The ring (AlgoKind::kRing): messages only to the next process in canonical order
+  // (wrapping) and from the previous one, in pieces of opt_.piece_bytes, so a long ring is a
+  // pipeline. Tags: (phase, segment, piece); every hop of a segment's piece uses the same tag
+  // (a tag is matched per peer, and each hop has its own pair of processes).
+
+  // The ring's neighbours, each once (two processes: one).
+  std::vector<int> ring_neighbours() const {
+    std::vector<int> out{ring_prev()};
+    if (ring_next() != ring_prev()) out.push_back(ring_next());
+    return out;
+  }
+
+  // A process of the ring has only its neighbours' signatures, and a failure (a mismatch, a
+  // peer gone) is seen first by the failed process's neighbours: each op of the ring listens
+  // for an abort notice from both neighbours, and an op that fails sends its error to both
+  // (a neighbour passes it on), so every process fails with the first cause within P/2 hops
+  // instead of waiting out its timeout. Listening receives are not the op's messages: they
+  // are cancelled when it finishes, and a notice arriving later stays unclaimed in staging.
+  void ring_listen() {
+    const uint64_t tag = mix_tag(c_.tag, kAbortPhase, 0, 0, 0);
+    for (int q : ring_neighbours()) {
+      uint8_t* b = temp(kAbortBytes);
+      notices_.push_back({ep_.post_recv(q, tag, b, kAbortBytes, wake_, true), q, b});
+    }
+  }
+
+  bool ring_notice_arrived() {
+    for (const Notice& n : notices_) {
+      const auto& req = n.msg_req;
+      if (!req->finished() || req->failed()) continue;
+      // From the network: every field is checked before it is believed.
+      uint64_t cause = 0, origin = 0;
+      std::memcpy(&cause, n.where, 8);
+      std::memcpy(&origin, n.where + 8, 8);
+      std::string text;
+      for (uint64_t i = 16; i < kAbortBytes && n.where[i]; i++)
+        text += (n.where[i] >= 0x20 && n.where[i] < 0x7f) ? static_cast<char>(n.where[i]) : '?';
+      const Cause c = cause < std::size(kCauseNames) ? static_cast<Cause>(cause) : Cause::kProtocol;
+      const int from = origin < static_cast<uint64_t>(std::numeric_limits<int>::max()) ? static_cast<int>(origin) : -1;
+      notice_from_ = n.peer_process;
+      notice_text_ = text;
+      Error e(c, from, describe() + " failed on process " + std::to_string(from) + " of its ring (told by process " +
+                           std::to_string(n.peer_process) + "): " + text);
+      finish(&e);
+      return true;
+    }
+    return false;
+  }
+
+  // On finishing: stop listening; after a failure, tell the neighbours (but the one that told us).
+  void ring_close(const Error* e) {
+    for (const Notice& n : notices_)
+      if (!n.msg_req->finished()) ep_.cancel(n.msg_req, Cause::kClosed, "collective finished");
+    if (!e || notices_.empty()) return;
+    auto note = std::make_shared<std::vector<uint8_t>>(kAbortBytes, 0);
+    const uint64_t cause = static_cast<uint64_t>(e->cause());
+    const uint64_t origin = static_cast<uint64_t>(notice_from_ >= 0 && e->peer() >= 0 ? e->peer() : me_);
+    std::memcpy(note->data(), &cause, 8);
+    std::memcpy(note->data() + 8, &origin, 8);
+    const std::string what = notice_from_ >= 0 ? notice_text_ : std::string(e->what());   // the first account
+    std::memcpy(note->data() + 16, what.data(), std::min<size_t>(what.size(), kAbortBytes - 17));
+    const uint64_t tag = mix_tag(c_.tag, kAbortPhase, 0, 0, 0);
+    for (int q : ring_neighbours())
+      if (q != notice_from_) ep_.post_send(q, tag, note->data(), kAbortBytes, [note] {}, true);
+  }
+
+  // The process `d` places after this one on the ring, as an index into procs_.
+  int ring_index(int d) const {
+    const int P = static_cast<int>(procs_.size());
+    return ((mi_ + d) % P + P) % P;
+  }
+  int ring_next() const { return procs_[static_cast<size_t>(ring_index(1))]; }
+  int ring_prev() const { return procs_[static_cast<size_t>(ring_index(-1))]; }
+  uint64_t piece_elems() const { return std::max<uint64_t>(1, opt_.piece_bytes / esize_); }
+
+  // Elements [off, off+n) of every process's S folded along the ring in canonical order:
+  // process 0 sends its S on; process i receives the partial fold of 0..i-1, folds its own S
+  // into it (partial (op) S_i: the canonical order) and sends it on; the last process's fold
+  // is the result, copied to `last_dest` when given and sent to the next process (process 0)
+  // under `last_phase` when that is not 0.
+  void ring_reduce(uint64_t seg, const uint8_t* S, uint64_t off, uint64_t n, uint8_t* last_dest, uint64_t last_phase) {
+    const int P = static_cast<int>(procs_.size());
+    const uint64_t piece = piece_elems();
+    for (uint64_t po = 0, k = 0; po < n; po += piece, k++) {
+      const uint64_t pn = std::min(piece, n - po), bytes = pn * esize_;
+      const uint64_t tag = mix_tag(c_.tag, 11, seg, 0, k);
+      if (mi_ == 0) {
+        send(ring_next(), tag, at(S, off + po), bytes);
+        continue;
+      }
+      uint8_t* partial = temp(bytes);
+      Piece pc;
+      pc.elems = pn;
+      pc.src = {partial, at(S, off + po)};
+      pc.msg = {recv(ring_prev(), tag, partial, bytes), -1};
+      pc.acc = partial;
+      pc.dest = partial;
+      if (mi_ + 1 < P) {
+        pc.then_send.push_back({ring_next(), tag});
+      } else {
+        if (last_dest) pc.dest = last_dest + po * esize_;
+        if (last_phase) pc.then_send.push_back({ring_next(), mix_tag(c_.tag, last_phase, seg, 0, k)});
+      }
+      pieces_.push_back(std::move(pc));
+    }
+  }
+
+  // A message of n elements from the previous process, piece by piece, into dest (a buffer of
+  // its own when null); each piece is passed on to the next process when `forward`.
+  void ring_relay(uint64_t phase, uint64_t seg, uint8_t* dest, uint64_t n, bool forward) {
+    const uint64_t piece = piece_elems();
+    for (uint64_t po = 0, k = 0; po < n; po += piece, k++) {
+      const uint64_t pn = std::min(piece, n - po), bytes = pn * esize_;
+      const uint64_t tag = mix_tag(c_.tag, phase, seg, 0, k);
+      uint8_t* d = dest ? dest + po * esize_ : temp(bytes);
+      if (!forward) {
+        recv(ring_prev(), tag, d, bytes);
+        continue;
+      }
+      Piece pc;
+      pc.elems = pn;
+      pc.src = {d};
+      pc.msg = {recv(ring_prev(), tag, d, bytes)};
+      pc.acc = d;
+      pc.dest = d;
+      pc.then_send.push_back({ring_next(), tag});
+      pieces_.push_back(std::move(pc));
+    }
+  }
+
+  // n elements from src to the next process, piece by piece (what ring_relay receives).
+  void ring_send(uint64_t phase, uint64_t seg, const uint8_t* src, uint64_t n) {
+    const uint64_t piece = piece_elems();
+    for (uint64_t po = 0, k = 0; po < n; po += piece, k++)
+      send(ring_next(), mix_tag(c_.tag, phase, seg, 0, k), at(src, po), std::min(piece, n - po) * esize_);
+  }
+
+  // All-reduce: the fold along the ring ends at the last process with the result, which goes
+  // on around the ring: P-1 -> 0 -> 1 -> ... -> P-2.
+  void ring_all_reduce(const uint8_t* S, uint64_t N) {
+    const int P = static_cast<int>(procs_.size());
+    uint8_t* out = static_cast<uint8_t*>(c_.out[0]);
+    ring_reduce(0, S, 0, N, out, 12);
+    if (mi_ + 1 < P) ring_relay(12, 0, out, N, mi_ + 2 < P);
+  }
+
+  // Reduce-scatter: each rank's shard is folded along the ring; the last process keeps the
+  // shards it owns and sends the others on around the ring, each as far as its owner.
+  void ring_reduce_scatter(const uint8_t* S, uint64_t shard, int n) {
+    const int P = static_cast<int>(procs_.size());
+    for (int r = 0; r < n; r++) {
+      const int owner = c_.process_of_rank[r];
+      const int oi = static_cast<int>(std::find(procs_.begin(), procs_.end(), owner) - procs_.begin());
+      uint8_t* own = owner == me_ ? static_cast<uint8_t*>(c_.out[local_index(r)]) : nullptr;
+      const uint64_t off = shard * static_cast<uint64_t>(r);
+      if (oi == P - 1) {
+        ring_reduce(static_cast<uint64_t>(r), S, off, shard, own, 0);
+        continue;
+      }
+      ring_reduce(static_cast<uint64_t>(r), S, off, shard, nullptr, 13);
+      if (mi_ <= oi) ring_relay(13, static_cast<uint64_t>(r), own, shard, mi_ < oi);
     }
   }
 
@@ -672,6 +878,8 @@ class Executor::Op {
   int me_;
   CollectiveOptions opt_;
   PlanKind plan_kind_ = PlanKind::kAuto;
+  AlgoKind algo_ = AlgoKind::kDirect;   // resolved (never kAuto); in the signature
+  bool ring_ = false;                   // algo_ is the ring and there is more than one process
   bool plan_pending_ = false;     // a large all-reduce waiting for every capacity
   double my_capacity_ = 1.0;
   const uint8_t* S_ = nullptr;    // this process's local sum, for the owners' segments
@@ -695,6 +903,14 @@ class Executor::Op {
     const uint8_t* where;    // the peer's signature once the message arrived
   };
   std::vector<SigMsg> sig_msgs_;
+  struct Notice {
+    std::shared_ptr<Request> msg_req;   // a listening receive (not in msgs_)
+    int peer_process;
+    const uint8_t* where;
+  };
+  std::vector<Notice> notices_;   // the ring's abort listeners (ring_listen)
+  int notice_from_ = -1;          // the neighbour whose abort notice failed this op
+  std::string notice_text_;       // and its account, passed on as it came
   std::set<int> sig_sends_;  // message indices of this process's signature sends
   int64_t started_ns_ = 0;       // diverged(): when this op started, and its last look at staging
   int64_t next_probe_ns_ = 0;
@@ -707,6 +923,9 @@ Executor::Executor(std::shared_ptr<Endpoint> ep, int my_process, CollectiveOptio
   waker_->ex = this;
   if (!parse_plan(ep_->config().plan, &opt_.plan))
     throw Error(Cause::kInvalidArgument, -1, "R2CCL_PLAN=" + ep_->config().plan + " is not a plan");
+  if (!parse_algo(ep_->config().algo, &opt_.algo))
+    throw Error(Cause::kInvalidArgument, -1, algo_setting_error(ep_->config().algo));
+  opt_.max_peers = ep_->config().max_peers;
   thread_ = std::thread([this] {
     name_this_thread("r2ccl-exec");
     log_bind_thread(ep_->config().debug_level, ep_->rank());

@@ -23,6 +23,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "base/config.h"
 #include "base/error.h"
 #include "coll/plan.h"
 #include "coll/reduce.h"
@@ -58,6 +59,7 @@ struct ProcessCall {
   bool prefolded = false;                // all_reduce/reduce_scatter: in[0] already holds the local ranks' fold
   double timeout_s = 30.0;
   std::string plan;                      // all-reduce plan for this call ("": R2CCL_PLAN); equal everywhere
+  std::string algo;                      // algorithm for this call ("": R2CCL_ALGO); equal everywhere
   std::string what;                      // for error messages, e.g. "psum over ('data',)"
   // Runs once, on the executor thread, when the call finished (error null) or failed.
   std::function<void(const Error*)> done;
@@ -68,9 +70,10 @@ uint64_t output_count(Kind k, uint64_t count, int n_ranks);
 // Checks a call's shape before it runs; returns a sentence, or empty when it is valid.
 std::string validate(const ProcessCall& c, int my_process);
 
-// The plan one large all-reduce ran with (Executor::last_plan).
+// The plan and algorithm one large all-reduce ran with (Executor::last_plan).
 struct PlanRecord {
   PlanKind kind = PlanKind::kBalance;
+  AlgoKind algo = AlgoKind::kDirect;        // ring: no owners (shares empty)
   std::vector<double> shares, capacities;   // per process of the group, canonical order
   std::vector<int> processes;
   uint64_t bytes = 0;
@@ -81,6 +84,8 @@ struct CollectiveOptions {
   uint64_t piece_bytes = 1 << 20;        // pipelining unit of large reductions
   uint64_t small_bytes = kSmallCollectiveBytes;  // at or below: one-step exchange (latency)
   PlanKind plan = PlanKind::kAuto;       // R2CCL_PLAN
+  AlgoKind algo = AlgoKind::kAuto;       // R2CCL_ALGO
+  int max_peers = Config{}.max_peers;    // R2CCL_MAX_PEERS (the executor takes the endpoint's)
 };
 
 // Threads: one executor thread runs every call's steps; submit, run, set_capacity_source,

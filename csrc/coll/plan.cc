@@ -36,6 +36,61 @@ std::string plan_setting_error(const std::string& plan) {
   return "R2CCL_PLAN must be " + all;
 }
 
+const char* algo_name(AlgoKind k) { return enum_name(kAlgoNames, k, "?"); }
+
+bool parse_algo(const std::string& s, AlgoKind* out) { return parse_enum(kAlgoNames, s, out); }
+
+std::string algo_setting_error(const std::string& algo) {
+  AlgoKind k;
+  if (parse_algo(algo, &k)) return {};
+  std::string all;
+  for (size_t i = 0; i < std::size(kAlgoNames); i++)
+    all += std::string(i == 0 ? "" : i + 1 == std::size(kAlgoNames) ? " or " : ", ") + kAlgoNames[i];
+  return "R2CCL_ALGO must be " + all;
+}
+
+AlgoKind choose_algo(AlgoKind want, int processes, int max_peers) {
+  if (want != AlgoKind::kAuto) return want;
+  return processes - 1 > max_peers ? AlgoKind::kRing : AlgoKind::kDirect;
+}
+
+int algo_peers(AlgoKind k, int processes) {
+  if (processes < 2) return 0;
+  if (k == AlgoKind::kRing) return processes == 2 ? 1 : 2;
+  return processes - 1;
+}
+
+std::vector<int> startup_peers(AlgoKind want, int me, int world, int max_peers) {
+  std::vector<int> out;
+  if (world < 2) return out;
+  if (choose_algo(want, world, max_peers) == AlgoKind::kRing) {
+    out = {(me + world - 1) % world, (me + 1) % world};
+    std::sort(out.begin(), out.end());
+    out.erase(std::unique(out.begin(), out.end()), out.end());
+    return out;
+  }
+  for (int p = 0; p < world; p++)
+    if (p != me) out.push_back(p);
+  return out;
+}
+
+double predict_ring_seconds(const std::vector<double>& c_in, double bytes, double nic_Bps, double alpha_s,
+                            double piece_bytes) {
+  const size_t P = c_in.size();
+  if (P < 2) return 0;
+  const std::vector<double> c = clamp_capacities(c_in);
+  double worst = 0;
+  for (size_t i = 0; i < P; i++) {
+    // Partials go 0 -> 1 -> ... -> P-1; the result P-1 -> 0 -> 1 -> ... -> P-2.
+    const double out = (i + 1 < P ? bytes : 0) + (i + 2 < P || i + 1 == P ? bytes : 0);
+    const double in = (i > 0 ? bytes : 0) + (i + 1 < P ? bytes : 0);
+    worst = std::max(worst, std::max(out, in) / (c[i] * nic_Bps));
+  }
+  const double cmin = *std::min_element(c.begin(), c.end());
+  const double hop = alpha_s + std::min(piece_bytes, bytes) / (cmin * nic_Bps);
+  return worst + 2.0 * (static_cast<double>(P) - 1) * hop;
+}
+
 std::vector<double> plan_shares(PlanKind k, const std::vector<double>& c_in) {
   const size_t P = c_in.size();
   std::vector<double> s(P, P ? 1.0 / static_cast<double>(P) : 0.0);

@@ -24,6 +24,40 @@ bool parse_plan(const std::string& s, PlanKind* out);
 // plans): empty when `plan` names one, else a sentence naming the setting and every plan.
 std::string plan_setting_error(const std::string& plan);
 
+// The algorithm a collective runs (R2CCL_ALGO). direct: every process exchanges with every
+// other (the owner all-reduce of the plans below, all-gather and broadcast straight from the
+// source): the least data, P - 1 peers. ring: every process exchanges with its two ring
+// neighbours only (canonical order, wrapping): the all-reduce's contributions are folded
+// along the ring 0 -> 1 -> ... -> P-1 (one hop per process, pipelined in pieces, so every
+// element still meets the canonical order) and the result travels on around the ring;
+// all-gather, reduce-scatter and broadcast relay along it. All-to-all is always direct.
+// Every algorithm gives the same bits (docs/plans.md, "Algorithms").
+enum class AlgoKind : int { kAuto = 0, kDirect, kRing };
+inline constexpr const char* kAlgoNames[] = {"auto", "direct", "ring"};
+static_assert(std::size(kAlgoNames) == static_cast<size_t>(AlgoKind::kRing) + 1, "an AlgoKind without a name");
+const char* algo_name(AlgoKind k);
+bool parse_algo(const std::string& s, AlgoKind* out);
+// R2CCL_ALGO's check: empty when `algo` names one, else a sentence naming every algorithm.
+std::string algo_setting_error(const std::string& algo);
+// The algorithm one collective over `processes` runs: `want`, or for kAuto direct while each
+// process's direct peers (processes - 1) fit `max_peers` (R2CCL_MAX_PEERS), the ring beyond.
+// (Within the budget the cost model always prefers direct: it moves 2D(P-1)/P per process,
+// the ring 2D; past it, the peer count is what rules: connections, windows, incast.)
+// A pure function of values equal on every process; the result travels in the signature.
+AlgoKind choose_algo(AlgoKind want, int processes, int max_peers);
+// Cost model of the ring all-reduce over processes of capacities c: process i moves its
+// ring loads (out: the partial to its successor unless last, the result on unless it is
+// the last to get it; in: likewise) over c_i * nic_Bps, plus the pipeline's fill: the first
+// piece crosses 2(P - 1) hops.
+double predict_ring_seconds(const std::vector<double>& c, double bytes, double nic_Bps, double alpha_s,
+                            double piece_bytes);
+// Peers one process exchanges data with in one all-reduce of each algorithm.
+int algo_peers(AlgoKind k, int processes);
+// The peers process `me` of `world` connects to at start-up: every other one where a
+// collective over all processes runs direct, its two ring neighbours where it runs the ring.
+// (A collective over another group opens the connections it needs on first use.)
+std::vector<int> startup_peers(AlgoKind want, int me, int world, int max_peers);
+
 struct PlanChoice {
   PlanKind kind = PlanKind::kBalance;   // never kAuto
   std::vector<double> shares;           // per process in canonical order, sum 1

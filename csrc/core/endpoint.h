@@ -81,8 +81,14 @@ class Endpoint : public std::enable_shared_from_this<Endpoint> {
   std::vector<std::string> addresses() const;   // "ip:port" ("ibverbs:ip:port"), one per NIC, in NIC order; any thread
   std::vector<std::string> transports() const;  // "socket" or "ibverbs", one per NIC, in NIC order; any thread
 
-  // Declares a peer and its listen addresses (its addresses()); rails start connecting.
-  void add_peer(int peer, const std::vector<std::string>& addresses);
+  // Declares a peer and its listen addresses (its addresses()). With `open`, its rails start
+  // connecting now; else on first use: the first request to or from the peer, open(), or the
+  // peer's first rail (connections on demand: a process connects only to the peers its
+  // collectives use).
+  void add_peer(int peer, const std::vector<std::string>& addresses, bool open = true);
+  void open(const std::vector<int>& peers);
+  // The peers whose rails are wanted (opened), in rank order.
+  std::vector<int> opened_peers();
   // Waits until every rail to every given peer is up. Throws Error(kTimeout) naming the
   // rails still missing; rails that came up are kept. With degraded_after_s >= 0, returns
   // after that long once every peer has at least one rail up (a NIC down at start: the job

@@ -286,7 +286,7 @@ std::vector<std::string> Engine::transports() const {
   return out;
 }
 
-void Engine::add_peer(int peer, const std::vector<std::string>& addrs) {
+void Engine::add_peer(int peer, const std::vector<std::string>& addrs, bool open) {
   if (peer < 0 || peer >= world_ || peer == rank_)
     throw Error(Cause::kInvalidArgument, peer, "peer rank " + std::to_string(peer) + " is invalid for rank " +
                                                    std::to_string(rank_) + " of " + std::to_string(world_));
@@ -334,14 +334,35 @@ void Engine::add_peer(int peer, const std::vector<std::string>& addrs) {
                                              pr.get(), now_ns());
     Peer& c = *pr;
     peers_[peer] = std::move(pr);
-    if (c.connector)
-      for (auto& l : c.links) start_connect(c, *l);
+    if (open) open_peer(c);
     for (auto& p : pendings_)
       if (p->parked && !p->dead) {
         p->parked = false;
         pending_hello(*p);
       }
   });
+}
+
+void Engine::open_peer(Peer& pr) {
+  if (pr.opened) return;
+  pr.opened = true;
+  if (pr.connector)
+    for (auto& l : pr.links) start_connect(pr, *l);
+}
+
+void Engine::open(const std::vector<int>& peers) {
+  call([&] {
+    for (int p : peers) open_peer(*peer(p));
+  });
+}
+
+std::vector<int> Engine::opened_peers() {
+  std::vector<int> out;
+  call([&] {
+    for (auto& [rank, pr] : peers_)
+      if (pr->opened) out.push_back(rank);
+  });
+  return out;
 }
 
 // ---------------------------------------------------------------- the channel's RailIo
@@ -384,7 +405,7 @@ void Engine::drop_link(Peer& pr, Link& l, bool was_up) {
 
 bool Engine::may_dial(const Peer& pr, const Link& l) const {
   const Rail& r = *pr.core->ch.rails[static_cast<size_t>(l.index)];
-  return pr.connector && l.fault != Fault::kClose && l.fault != Fault::kStall &&
+  return pr.connector && pr.opened && l.fault != Fault::kClose && l.fault != Fault::kStall &&
          !nic_down_[static_cast<size_t>(r.local_nic)];
 }
 
@@ -851,6 +872,7 @@ void Engine::do_submit(const std::shared_ptr<Request>& req) {
     req->finish_error(Cause::kInvalidArgument, "rank " + std::to_string(req->peer) + " is not a connected peer");
     return;
   }
+  open_peer(*it->second);   // connections on demand: the first request opens the peer's rails
   it->second->core->submit(req, now_ns());
 }
 
@@ -957,7 +979,9 @@ int Endpoint::rank() const { return engine_->rank(); }
 int Endpoint::world() const { return engine_->world(); }
 std::vector<std::string> Endpoint::addresses() const { return engine_->addresses(); }
 std::vector<std::string> Endpoint::transports() const { return engine_->transports(); }
-void Endpoint::add_peer(int peer, const std::vector<std::string>& a) { engine_->add_peer(peer, a); }
+void Endpoint::add_peer(int peer, const std::vector<std::string>& a, bool open) { engine_->add_peer(peer, a, open); }
+void Endpoint::open(const std::vector<int>& peers) { engine_->open(peers); }
+std::vector<int> Endpoint::opened_peers() { return engine_->opened_peers(); }
 
 void Endpoint::wait_ready(const std::vector<int>& peers, double timeout_s, double degraded_after_s) {
   const int64_t start = now_ns();

@@ -85,6 +85,9 @@ struct Peer final : RailIo {
   Engine* eng = nullptr;
   int rank = 0;
   bool connector = false;          // this side dials (and re-dials) every rail
+  // The rails are wanted: dialled (connector side) since add_peer(open), the first request to
+  // or from the peer, open(), or the peer's first admitted rail. Until then nothing is dialled.
+  bool opened = false;
   std::vector<NetAddr> remote;
   std::vector<std::unique_ptr<Link>> links;
   std::unique_ptr<ChannelCore> core;
@@ -125,7 +128,12 @@ class Engine {
   void testing_set_call_timeout_ms(int64_t ms) { call_timeout_ms_.store(ms); }
   std::string testing_call_from_engine_thread();
 
-  void add_peer(int peer, const std::vector<std::string>& addrs);
+  // Declares a peer; with `open`, its rails start connecting now, else on first use (open()).
+  void add_peer(int peer, const std::vector<std::string>& addrs, bool open = true);
+  // Any thread: the peers' rails start connecting (a no-op for a peer already open).
+  void open(const std::vector<int>& peers);
+  // Peers whose rails are wanted (opened), in rank order. Any thread.
+  std::vector<int> opened_peers();
   // Any thread. A small request (<= kCallerPathMaxBytes, R2CCL_POLL_US > 0) posted while
   // the engine is idle and has no command queued runs on the caller's thread at once (the
   // caller's path: its frames leave from this thread); any other goes to the engine thread.
@@ -194,6 +202,7 @@ class Engine {
   void drop_link(Peer& pr, Link& l, bool was_up);
   void set_link(Link& l, std::unique_ptr<FrameLink> link);
   void redial_link(Peer& pr, Link& l);
+  void open_peer(Peer& pr);   // engine context
   bool may_dial(const Peer& pr, const Link& l) const;
   void set_interest(Link& l);
   void epoll_add(int fd, Pollable* p, uint32_t ev);

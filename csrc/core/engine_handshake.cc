@@ -172,6 +172,7 @@ void Engine::admit(Pending& p) {
     pr.core->fail_rail(idx, FailReason::kReplaced, "replaced by a new connection from the peer", now_ns());
   if (l.link) drop_link(pr, l, false);
   set_link(l, std::move(p.link));
+  pr.opened = true;   // the peer wants these rails: so do we (a ring neighbour's first message)
   l.epoch = p.hs.hello().epoch;
   l.events = EPOLLIN;
   epoll_mod(l.link->wait_fd(), &l.poll, EPOLLIN);

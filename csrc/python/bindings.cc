@@ -176,16 +176,20 @@ NB_MODULE(_core, m) {
   config_field(config_cls, config_defaults, "adaptive_weights", &Config::adaptive_weights);
   config_field(config_cls, config_defaults, "link_holddown_ms", &Config::link_holddown_ms);
   config_field(config_cls, config_defaults, "plan", &Config::plan);
+  config_field(config_cls, config_defaults, "algo", &Config::algo);
+  config_field(config_cls, config_defaults, "max_peers", &Config::max_peers);
   config_field(config_cls, config_defaults, "eager_bytes", &Config::eager_bytes);
   config_field(config_cls, config_defaults, "poll_us", &Config::poll_us);
   config_field(config_cls, config_defaults, "sync_wait_us", &Config::sync_wait_us);
   config_field(config_cls, config_defaults, "staging_bytes", &Config::staging_bytes);
   config_field(config_cls, config_defaults, "staging_chunk_bytes", &Config::staging_chunk_bytes);
   config_field(config_cls, config_defaults, "debug_level", &Config::debug_level);
-  // Config::validate checks ranges; the plan's name is checked by coll/, which owns the names.
+  // Config::validate checks ranges; the plan's and algorithm's names are checked by coll/,
+  // which owns the names.
   config_cls.def("validate", [](const Config& c) {
     std::string bad = c.validate();
-    return bad.empty() ? coll::plan_setting_error(c.plan) : bad;
+    if (bad.empty()) bad = coll::plan_setting_error(c.plan);
+    return bad.empty() ? coll::algo_setting_error(c.algo) : bad;
   });
   m.def("config_defaults", [config_defaults] { return config_defaults.attr("copy")(); },
         "Every Config field's default, from a default-constructed r2ccl::Config.");
@@ -197,6 +201,7 @@ NB_MODULE(_core, m) {
         d["reduce_ops"] = name_list(coll::kReduceOpNames);
         d["dtypes"] = name_list(coll::kDTypeNames);
         d["plans"] = name_list(coll::kPlanNames);
+        d["algos"] = name_list(coll::kAlgoNames);
         d["causes"] = name_list(kCauseNames);
         d["log_levels"] = name_list(kLogLevelNames);
         d["transports"] = name_list(kTransportNames);
@@ -291,7 +296,9 @@ NB_MODULE(_core, m) {
       .def_prop_ro("world", &Endpoint::world)
       .def_prop_ro("addresses", &Endpoint::addresses)
       .def_prop_ro("transports", &Endpoint::transports)
-      .def("add_peer", &Endpoint::add_peer, nb::arg("peer"), nb::arg("addresses"))
+      .def("add_peer", &Endpoint::add_peer, nb::arg("peer"), nb::arg("addresses"), nb::arg("open") = true)
+      .def("open", &Endpoint::open, nb::arg("peers"))
+      .def("opened_peers", &Endpoint::opened_peers)
       .def(
           "wait_ready",
           [](Endpoint& ep, const std::vector<int>& peers, double timeout, double degraded_after) {
@@ -468,9 +475,10 @@ NB_MODULE(_core, m) {
           [](coll::Executor& ex, const std::string& kind, const std::string& dtype, const std::string& op, int root,
              uint64_t tag, const std::vector<int>& process_of_rank, const std::vector<int>& my_ranks,
              std::vector<Buffer> inputs, std::vector<Buffer> outputs, uint64_t count, double timeout,
-             const std::string& what, const std::string& plan) {
+             const std::string& what, const std::string& plan, const std::string& algo) {
             coll::ProcessCall c;
             c.plan = plan;
+            c.algo = algo;
             if (!coll::parse_kind(kind, &c.kind))
               throw Error(Cause::kInvalidArgument, -1, "unknown collective '" + kind + "'");
             if (!coll::parse_dtype(dtype, &c.dtype))
@@ -503,7 +511,7 @@ NB_MODULE(_core, m) {
           },
           nb::arg("kind"), nb::arg("dtype"), nb::arg("op"), nb::arg("root"), nb::arg("tag"),
           nb::arg("process_of_rank"), nb::arg("my_ranks"), nb::arg("inputs"), nb::arg("outputs"), nb::arg("count"),
-          nb::arg("timeout"), nb::arg("what") = "", nb::arg("plan") = "")
+          nb::arg("timeout"), nb::arg("what") = "", nb::arg("plan") = "", nb::arg("algo") = "")
       .def(
           "set_capacity_source",
           [](coll::Executor& ex, nb::handle src) {
@@ -530,6 +538,7 @@ NB_MODULE(_core, m) {
              coll::PlanRecord r = ex.last_plan();
              nb::dict d;
              d["plan"] = coll::plan_name(r.kind);
+             d["algo"] = coll::algo_name(r.algo);
              d["shares"] = r.shares;
              d["capacities"] = r.capacities;
              d["processes"] = r.processes;
@@ -756,6 +765,42 @@ NB_MODULE(_core, m) {
       },
       nb::arg("plan"), nb::arg("capacities"), nb::arg("bytes"), nb::arg("nic_Bps"), nb::arg("alpha_s") = 0.0,
       "The all-reduce planner's choice and the cost model's time (capacities in healthy-NIC units).");
+  m.def(
+      "startup_peers",
+      [](const std::string& algo, int me, int world, int max_peers) {
+        coll::AlgoKind want;
+        if (!coll::parse_algo(algo, &want)) throw Error(Cause::kInvalidArgument, -1, coll::algo_setting_error(algo));
+        return coll::startup_peers(want, me, world, max_peers);
+      },
+      nb::arg("algo"), nb::arg("me"), nb::arg("world"), nb::arg("max_peers"),
+      "The peers a process connects to at start-up (R2CCL_ALGO, R2CCL_MAX_PEERS): every other one, or its two "
+      "ring neighbours; the others are connected on first use.");
+  m.def(
+      "algo_predict",
+      [](const std::string& algo, const std::vector<double>& capacities, double bytes, double nic_Bps, double alpha_s,
+         double piece_bytes, int max_peers) {
+        coll::AlgoKind want;
+        if (!coll::parse_algo(algo, &want)) throw Error(Cause::kInvalidArgument, -1, coll::algo_setting_error(algo));
+        const int P = static_cast<int>(capacities.size());
+        const coll::AlgoKind k = coll::choose_algo(want, P, max_peers);
+        nb::dict d;
+        d["algo"] = coll::algo_name(k);
+        d["peers"] = coll::algo_peers(k, P);
+        if (k == coll::AlgoKind::kRing) {
+          d["plan"] = "";
+          d["seconds"] = coll::predict_ring_seconds(capacities, bytes, nic_Bps, alpha_s, piece_bytes);
+        } else {
+          coll::PlanChoice c = coll::choose_plan(coll::PlanKind::kAuto, capacities, bytes, nic_Bps, alpha_s);
+          d["plan"] = coll::plan_name(c.kind);
+          d["seconds"] = c.predicted_s;
+        }
+        return d;
+      },
+      nb::arg("algo"), nb::arg("capacities"), nb::arg("bytes"), nb::arg("nic_Bps"), nb::arg("alpha_s") = 0.0,
+      nb::arg("piece_bytes") = double(coll::CollectiveOptions{}.piece_bytes),
+      nb::arg("max_peers") = Config{}.max_peers,
+      "The algorithm a large all-reduce over len(capacities) processes runs (algo: auto, direct or ring), its "
+      "direct peers per process, the plan (direct) and the cost model's time.");
 
   // Wire-level helpers for tests that play a stranger on the listen port.
   m.def("_encode_frame", [](int type, nb::bytes payload, uint64_t seq) {

@@ -10,6 +10,7 @@ import os
 import time
 from typing import Protocol
 
+from .. import _core
 from ..config import Config
 from ..errors import R2cclError
 from .endpoint import Endpoint
@@ -70,13 +71,17 @@ def connect(store: KeyValueStore, rank: int, world: int, *, nics=None, config: C
     ep = Endpoint(rank, world, nics=nics, secret=secret, config=config)
     try:
         store.set(f"{prefix}/addr/{rank}", json.dumps(ep.addresses).encode())
+        # Connections on demand: only the peers a collective over every process uses (all of
+        # them up to R2CCL_MAX_PEERS, else the two ring neighbours) are dialled now; any other
+        # peer's rails come up on first use.
+        first = set(_core.startup_peers(config.algo, rank, world, config.max_peers))
         for peer in range(world):
             if peer != rank:
                 addrs = json.loads(store.get(f"{prefix}/addr/{peer}", timeout).decode())
-                ep.add_peer(peer, addrs)
+                ep.add_peer(peer, addrs, open=peer in first)
         # A NIC that is down at start must not hold the job: after a grace period, one rail per
         # peer is enough (the others keep re-dialling and join when their link comes up).
-        ep.wait_ready(timeout=timeout, degraded_after=max(2.0, 2 * config.connect_timeout_ms / 1000))
+        ep.wait_ready(sorted(first), timeout=timeout, degraded_after=max(2.0, 2 * config.connect_timeout_ms / 1000))
         # Everyone's rails are up before anyone starts: a rank that returned early could
         # otherwise act on its rails while a peer still waits for them.
         store.set(f"{prefix}/ready/{rank}", b"1")

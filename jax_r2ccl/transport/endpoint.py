@@ -81,16 +81,26 @@ class Endpoint:
         """Each NIC's transport, 'socket' or 'ibverbs' (R2CCL_TRANSPORT), in NIC order."""
         return list(self._ep.transports)
 
-    def add_peer(self, peer: int, addresses: Sequence[str]) -> None:
-        self._ep.add_peer(int(peer), list(addresses))
+    def add_peer(self, peer: int, addresses: Sequence[str], open: bool = True) -> None:
+        """Declares a peer. open: its rails start connecting now; else on first use (the first
+        send or receive with it, open(), or the peer's own first rail)."""
+        self._ep.add_peer(int(peer), list(addresses), bool(open))
         self.peers.append(int(peer))
+
+    def open(self, peers: Sequence[int]) -> None:
+        """The peers' rails start connecting (no-op for a peer already open)."""
+        self._ep.open([int(p) for p in peers])
+
+    def opened_peers(self) -> list[int]:
+        """The peers whose rails are wanted (connected or connecting), in rank order."""
+        return list(self._ep.opened_peers())
 
     def wait_ready(self, peers: Sequence[int] | None = None, timeout: float | None = None,
                    degraded_after: float | None = None) -> None:
-        """Waits until every rail to the peers is up (R2cclError naming the missing ones on
+        """Waits until every rail to the peers (default: the opened ones) is up (R2cclError naming the missing ones on
         timeout). degraded_after: after that many seconds, settle for at least one rail per
         peer (the rest are logged and keep re-dialling)."""
-        peers = self.peers if peers is None else list(peers)
+        peers = self.opened_peers() if peers is None else list(peers)
         self._ep.wait_ready(peers, self.config.timeout_s if timeout is None else float(timeout),
                             -1.0 if degraded_after is None else float(degraded_after))
 

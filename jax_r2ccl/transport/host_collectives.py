@@ -51,8 +51,10 @@ class HostCollectives:
 
     def run(self, kind: str, inputs: Sequence[np.ndarray], *, process_of_rank: Sequence[int],
             my_ranks: Sequence[int], op: str = "sum", root: int = 0, timeout: float | None = None,
-            outputs: Sequence[np.ndarray] | None = None, plan: str = "", key: str | None = None) -> list[np.ndarray]:
+            outputs: Sequence[np.ndarray] | None = None, plan: str = "", key: str | None = None,
+            algo: str = "") -> list[np.ndarray]:
         """plan: the all-reduce plan for this call (default R2CCL_PLAN); equal on every process.
+        algo: the algorithm for this call (default R2CCL_ALGO); equal on every process.
         key: names this call on every process, so threads may issue calls concurrently and in
         any order; no other call of this object may use the same key. Without it, calls are
         matched by their order on this object, which must then be the same on every process."""
@@ -91,7 +93,7 @@ class HostCollectives:
         flat_out = [o.reshape(-1).view(np.uint8) for o in outputs]
         self._ex.run(kind, dtype.name, op, int(root), self._tag(key), list(map(int, process_of_rank)),
                      list(map(int, my_ranks)), flat_in, flat_out, count,
-                     float(self._ep.config.timeout_s if timeout is None else timeout), kind, str(plan))
+                     float(self._ep.config.timeout_s if timeout is None else timeout), kind, str(plan), str(algo))
         return list(outputs)
 
     def set_capacity(self, source) -> None:
@@ -100,7 +102,8 @@ class HostCollectives:
         self._ex.set_capacity_source(getattr(source, "_mon", source))
 
     def last_plan(self) -> dict:
-        """The plan the last large all-reduce ran with: plan, shares, capacities, processes."""
+        """The plan the last large all-reduce ran with: plan, algo, shares (none under the ring),
+        capacities, processes."""
         return self._ex.last_plan()
 
     def close(self) -> None:

@@ -37,6 +37,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--plan", default=None, choices=tuple(_core.names()["plans"]),
                    help="all-reduce plan (sets R2CCL_PLAN; the same on every process); the JSON records the "
                         "plan each call ran with and every process's capacity")
+    p.add_argument("--algo", default=None, choices=tuple(_core.names()["algos"]),
+                   help="collective algorithm (sets R2CCL_ALGO; the same on every process); the table's algo "
+                        "column says what each all-reduce ran")
     p.add_argument("--link-rate", type=float, default=None, metavar="BYTES_PER_S",
                    help="payload rate of one healthy NIC: adds the cost model's predicted time per row")
 
@@ -94,6 +97,8 @@ def main(args: argparse.Namespace) -> int:
     nics = args.nics.split(",") if args.nics else None
     if args.plan:
         os.environ["R2CCL_PLAN"] = args.plan
+    if args.algo:
+        os.environ["R2CCL_ALGO"] = args.algo
     jax_r2ccl.initialize(nics=nics)
     from ..._src import runtime
     dtype = np.dtype(args.dtype) if args.dtype != "bfloat16" else __import__("ml_dtypes").bfloat16
@@ -141,7 +146,9 @@ def main(args: argparse.Namespace) -> int:
                    "t_start": time.time() - (t1 - t0), "t_end": time.time(), "wrong": int(bad > 0)}
             if impl == "r2ccl" and op == "allreduce":
                 lp = runtime.last_plan()
-                row.update(plan=lp["plan"], shares=lp["shares"], capacities=lp["capacities"])
+                # (The ring has no owners: no plan.)
+                row.update(plan=lp["plan"] if lp["algo"] == "direct" else "-", algo=lp["algo"], shares=lp["shares"],
+                           capacities=lp["capacities"])
             iterations.append(row)
 
         faulted = size == args.sizes[-1] and args.fault_at is not None
@@ -173,8 +180,9 @@ def main(args: argparse.Namespace) -> int:
                    "wrong": wrong[impl]}
             last = [i for i in iterations if i["impl"] == impl and i["size_bytes"] == total and "plan" in i]
             if last:
-                row.update(plan=last[-1]["plan"], shares=last[-1]["shares"], capacities=last[-1]["capacities"])
-                if args.link_rate and last[-1]["capacities"]:
+                row.update(plan=last[-1]["plan"], algo=last[-1]["algo"], shares=last[-1]["shares"],
+                           capacities=last[-1]["capacities"])
+                if args.link_rate and last[-1]["capacities"] and last[-1]["algo"] == "direct":
                     pred = _core.plan_predict(last[-1]["plan"], last[-1]["capacities"], float(total),
                                               float(args.link_rate))
                     row["predicted_us"] = pred["predicted_s"] * 1e6
@@ -202,7 +210,8 @@ def main(args: argparse.Namespace) -> int:
         if any("plan" in r for r in rows):
             fmt_shares = lambda s: "/".join(f"{x:.2f}" for x in s)  # noqa: E731
             fmt_caps = lambda s: "/".join(f"{x:.2g}" for x in s)  # noqa: E731
-            cols += [Column("plan", "plan", align="<"), Column("shares", "shares", fmt_shares),
+            cols += [Column("algo", "algo", align="<"), Column("plan", "plan", align="<"),
+                     Column("shares", "shares", fmt_shares),
                      Column("capacity", "capacities", fmt_caps)]
             if args.link_rate:
                 cols.append(Column("model(us)", "predicted_us", ".1f"))

@@ -1,0 +1,66 @@
+"""The ring (R2CCL_ALGO=ring, or auto past R2CCL_MAX_PEERS) and connections on demand: a
+process connects only to the peers its collectives use, every ring collective is the
+canonical-order reference bit for bit, and a disagreement or failure anywhere on the ring is
+a clear error on every process of it, not a timeout. Loopback; the 8-host test bed runs the
+same with real links (bench/testbed_algos.sh, test_testbed8.py)."""
+
+import pytest
+
+from harness import LOOPBACK4, run_ranks
+
+
+def _neighbours(rank, world):
+    return sorted({(rank - 1) % world, (rank + 1) % world})
+
+
+@pytest.mark.parametrize("config", [{"algo": "ring"}, {"max_peers": 2}], ids=["algo=ring", "auto,max_peers=2"])
+def test_the_ring_connects_each_process_to_its_two_neighbours_only(config):
+    world = 4
+    res = run_ranks("ring_connections", world, nics=LOOPBACK4[:2], config=config, timeout=120)
+    for rank, r in enumerate(res):
+        out = r["result"]
+        assert out["bad"] == [], out
+        assert out["algos"] == ["ring", "ring"], out
+        rails = out["rails_per_peer"]
+        seen = {s["when"]: s for s in out["seen"]}
+        # Start-up and every ring collective: the two neighbours, 2 x rails connections.
+        for when in ("start", "all_reduce", "reduce_scatter", "all_gather", "broadcast"):
+            assert seen[when]["opened"] == _neighbours(rank, world), (rank, when, seen[when])
+        assert seen["broadcast"]["rails_up"] == 2 * rails, (rank, seen)
+        # All-to-all is always direct: it opens the third peer on first use.
+        assert seen["all_to_all"]["opened"] == [p for p in range(world) if p != rank], (rank, seen)
+        assert seen["all_to_all"]["rails_up"] == (world - 1) * rails, (rank, seen)
+
+
+def test_direct_within_max_peers_connects_to_every_process_at_start():
+    world = 3
+    res = run_ranks("ring_connections", world, nics=LOOPBACK4[:2], timeout=120)
+    for rank, r in enumerate(res):
+        out = r["result"]
+        assert out["bad"] == [] and out["algos"] == ["direct", "direct"], out
+        assert out["seen"][0]["opened"] == [p for p in range(world) if p != rank]
+        assert out["seen"][0]["rails_up"] == (world - 1) * out["rails_per_peer"]
+
+
+def test_a_mismatch_on_the_ring_is_a_clear_error_on_every_process_at_once():
+    """Process 1 calls an int32 all-reduce, the others float32: its two neighbours see its
+    signature; process 3, which never exchanges with it, hears of it through the ring."""
+    res = run_ranks("host_mismatch", 4, nics=LOOPBACK4[:2], config={"algo": "ring"}, timeout=60,
+                    args={"what": "dtype"})
+    for rank, r in enumerate(res):
+        out = r["result"]
+        assert out["cause"] == "mismatch", (rank, out)
+        assert "int32" in out["error"] and "float32" in out["error"], (rank, out)
+        assert out["seconds"] < 2.0, (rank, out)        # the call's timeout is 5 s
+        assert out["after"] == [10] * 10                 # the next collective works
+    assert "told by process" in res[3]["result"]["error"], res[3]["result"]
+
+
+def test_processes_that_disagree_about_the_algorithm_get_a_clear_error():
+    res = run_ranks("host_mismatch", 4, nics=LOOPBACK4[:2], timeout=60, args={"what": "algo"})
+    for rank, r in enumerate(res):
+        out = r["result"]
+        assert out["cause"] == "mismatch", (rank, out)
+        assert "algorithm direct" in out["error"] and "algorithm ring" in out["error"], (rank, out)
+        assert out["seconds"] < 4.0, (rank, out)
+        assert out["after"] == [10] * 10
