@@ -41,9 +41,10 @@ ALGO_CASES = [("all_reduce", "float32", "sum", 1_000_003), ("all_reduce", "bfloa
 
 @pytest.mark.parametrize("world,local,caps", [(4, 1, [4, 4, 4, 2]), (3, 2, [4, 1, 3]), (2, 1, [4, 4])])
 def test_every_algorithm_and_plan_gives_the_same_bits(world, local, caps):
-    """direct (owners, with every plan), ring (the fold along the ring) and auto, for every
-    kind a ring exists for, large (pieced: 1 MiB pieces, several per ring hop) and small:
-    every output is the canonical-order reference, byte for byte, on every process."""
+    """direct (owners, with every plan), ring (the fold along the ring), doubling (every
+    local sum to every process in log2 P rounds; the ring for kinds other than all-reduce) and
+    auto, for every kind a ring exists for, large (pieced: 1 MiB pieces, several per ring hop)
+    and small: every output is the canonical-order reference, byte for byte, on every process."""
     res = run_ranks("algos_bit_exact", world, nics=LOOPBACK4[:2], timeout=240,
                     args={"capacities": caps, "cases": ALGO_CASES, "local": local})
     rows = [r["result"] for r in res]
@@ -51,6 +52,7 @@ def test_every_algorithm_and_plan_gives_the_same_bits(world, local, caps):
         assert all(x["exact"] for x in per_process), [x for x in per_process if not x["exact"]]
     ran = {(x["algo"], x["plan"]): x["ran"] for x in rows[0] if x["case"][0] == "all_reduce" and x["case"][3] > 5000}
     assert ran[("ring", "balance")][0] == "ring" and ran[("direct", "balance")][0] == "direct", ran
+    assert ran[("doubling", "balance")][0] == ("doubling" if world > 1 else "direct"), ran
     assert ran[("auto", "auto")][0] == "direct", ran          # R2CCL_MAX_PEERS (16) >= world - 1
     if world > 2:
         assert ran[("direct", "auto")][1] == "optimal", ran   # the capacities differ: a real plan

@@ -13,21 +13,29 @@ def _neighbours(rank, world):
     return sorted({(rank - 1) % world, (rank + 1) % world})
 
 
-@pytest.mark.parametrize("config", [{"algo": "ring"}, {"max_peers": 2}], ids=["algo=ring", "auto,max_peers=2"])
-def test_the_ring_connects_each_process_to_its_two_neighbours_only(config):
-    world = 4
+@pytest.mark.parametrize("world,config", [(4, {"algo": "ring"}), (5, {"max_peers": 2})],
+                         ids=["4,algo=ring", "5,auto,max_peers=2"])
+def test_the_ring_connects_each_process_to_its_two_neighbours_only(world, config):
+    from jax_r2ccl import _core
+    auto = "max_peers" in config
     res = run_ranks("ring_connections", world, nics=LOOPBACK4[:2], config=config, timeout=120)
     for rank, r in enumerate(res):
         out = r["result"]
         assert out["bad"] == [], out
-        assert out["algos"] == ["ring", "ring"], out
+        # auto past R2CCL_MAX_PEERS: the ring for the large all-reduce, doubling for the small.
+        assert out["algos"] == ["ring", "doubling" if auto else "ring"], out
         rails = out["rails_per_peer"]
         seen = {s["when"]: s for s in out["seen"]}
         # Start-up and every ring collective: the two neighbours, 2 x rails connections.
-        for when in ("start", "all_reduce", "reduce_scatter", "all_gather", "broadcast"):
+        for when in ("start", "reduce_scatter", "all_gather", "broadcast"):
             assert seen[when]["opened"] == _neighbours(rank, world), (rank, when, seen[when])
         assert seen["broadcast"]["rails_up"] == 2 * rails, (rank, seen)
-        # All-to-all is always direct: it opens the third peer on first use.
+        # The small all-reduce under doubling opens its partners (2^r before and after).
+        partners = sorted(set(_neighbours(rank, world)) | {(rank + s * d) % world for d in (1, 2, 4)
+                                                           if d < world for s in (1, -1)} - {rank})
+        assert seen["all_reduce"]["opened"] == (partners if auto else _neighbours(rank, world)), (rank, seen)
+        assert len(partners) == _core.algo_predict("doubling", [1.0] * world, 4000.0, 1e9)["peers"]
+        # All-to-all is always direct: it opens every peer on first use.
         assert seen["all_to_all"]["opened"] == [p for p in range(world) if p != rank], (rank, seen)
         assert seen["all_to_all"]["rails_up"] == (world - 1) * rails, (rank, seen)
 

@@ -645,7 +645,7 @@ def algos_bit_exact(ep, rank, world, capacities, cases, local=1):
         for root in ([0, n - 1] if kind == "broadcast" else [0]):
             ref = host_reference(kind, op, [ins[r] for r in range(n)], process_of_rank, root)
             plans = ("balance", "optimal", "auto") if kind == "all_reduce" else ("",)
-            for algo in ("direct", "ring", "auto"):
+            for algo in ("direct", "ring", "doubling", "auto"):
                 for plan in plans:
                     outs = hc.run(kind, [ins[r] for r in my_ranks], process_of_rank=process_of_rank,
                                   my_ranks=my_ranks, op=op, plan=plan, algo=algo, root=root)

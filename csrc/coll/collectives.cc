@@ -121,9 +121,12 @@ class Executor::Op {
       if (std::find(procs_.begin(), procs_.end(), p) == procs_.end()) procs_.push_back(p);
     mi_ = static_cast<int>(std::find(procs_.begin(), procs_.end(), me_) - procs_.begin());
     // All-to-all moves fixed blocks between fixed pairs: always direct.
+    const bool small = c_.count * esize_ <= opt_.small_bytes;
     algo_ = c_.kind == Kind::kAllToAll ? AlgoKind::kDirect
-                                       : choose_algo(want, static_cast<int>(procs_.size()), opt_.max_peers);
+                                       : choose_algo(want, static_cast<int>(procs_.size()), opt_.max_peers,
+                                                     c_.kind == Kind::kAllReduce, small);
     ring_ = algo_ == AlgoKind::kRing && procs_.size() > 1;
+    doubling_ = algo_ == AlgoKind::kDoubling && procs_.size() > 1;
   }
 
   void set_wake(std::function<void()> wake) { wake_ = std::move(wake); }
@@ -172,7 +175,7 @@ class Executor::Op {
   bool step() {
     if (finished_) return true;
     if (!signatures_agree()) return true;   // the clearest account of a disagreement comes first
-    if (ring_notice_arrived()) return true;
+    if (notice_arrived()) return true;
     for (auto& m : msgs_)
       if (m.req && m.req->finished() && m.req->failed()) {
         // A peer that found the two of us in different collectives may fail and leave before
@@ -188,6 +191,7 @@ class Executor::Op {
         return finish(&e);
       }
     if (plan_pending_) post_planned();
+    if (doubling_) post_doubling_sends();
     bool progress = true;
     while (progress) {
       progress = false;
@@ -255,7 +259,7 @@ class Executor::Op {
   bool finish(const Error* e) {
     if (finished_) return true;
     finished_ = true;
-    ring_close(e);
+    stop_listening(e);
     if (e)
       for (size_t i = 0; i < msgs_.size(); i++) {
         auto& m = msgs_[i];
@@ -387,7 +391,7 @@ class Executor::Op {
     encode_signature(my_sig_, mine);
     const double cap = with_capacity ? my_capacity_ : 0.0;
     std::memcpy(mine + kSigBytes, &cap, sizeof(double));
-    for (int q : ring_ ? ring_neighbours() : procs_) {
+    for (int q : neighbours()) {
       if (q == me_) continue;
       sig_sends_.insert(send(q, tag, mine, len));
       uint8_t* b = temp(len);
@@ -539,11 +543,12 @@ class Executor::Op {
     const int P = static_cast<int>(procs_.size());
     const uint64_t N = c_.count;
     // (The ring has no one-step exchange: that would be a direct peer for every process.)
-    const bool small_all_reduce = c_.kind == Kind::kAllReduce && N * esize_ <= opt_.small_bytes && !ring_;
+    const bool small_all_reduce =
+        c_.kind == Kind::kAllReduce && N * esize_ <= opt_.small_bytes && !ring_ && !doubling_;
     inline_ok_ = small_all_reduce && P > 1;
     // With two processes each moves the whole vector whatever it owns: no plan to wait for.
     // The ring has no owners to plan.
-    const bool planned = c_.kind == Kind::kAllReduce && !small_all_reduce && P > 2 && !ring_;
+    const bool planned = c_.kind == Kind::kAllReduce && !small_all_reduce && P > 2 && !ring_ && !doubling_;
     if (planned) {
       std::function<double()> source;
       {
@@ -554,7 +559,7 @@ class Executor::Op {
       if (!std::isfinite(my_capacity_) || my_capacity_ < 0) my_capacity_ = 0;
     }
     if (!small_all_reduce) exchange_signatures(planned);
-    if (ring_) ring_listen();
+    if (ring_ || doubling_) listen();
     switch (c_.kind) {
       case Kind::kAllReduce: {
         // Inputs that alias outputs must be copied: other shards' results land in out[0].
@@ -562,8 +567,11 @@ class Executor::Op {
         for (size_t i = 0; i < (c_.prefolded ? 1 : c_.in.size()); i++)
           for (size_t j = 0; j < c_.out.size(); j++) alias |= overlaps(c_.in[i], N * esize_, c_.out[j], N * esize_);
         const uint8_t* S = local_sum(N, alias && P > 1);
-        if (ring_) {
-          ring_all_reduce(S, N);
+        if (ring_ || doubling_) {
+          if (ring_)
+            ring_all_reduce(S, N);
+          else
+            doubling_all_reduce(S, N);
           record_plan(PlanKind::kBalance, {}, {});
         } else if (P == 1 || small_all_reduce) {
           // One step: every process gets every S_p and folds them in canonical order.
@@ -684,21 +692,34 @@ class Executor::Op {
     return out;
   }
 
-  // A process of the ring has only its neighbours' signatures, and a failure (a mismatch, a
-  // peer gone) is seen first by the failed process's neighbours: each op of the ring listens
-  // for an abort notice from both neighbours, and an op that fails sends its error to both
-  // (a neighbour passes it on), so every process fails with the first cause within P/2 hops
-  // instead of waiting out its timeout. Listening receives are not the op's messages: they
-  // are cancelled when it finishes, and a notice arriving later stays unclaimed in staging.
-  void ring_listen() {
+  // The processes this op exchanges with (its signatures go to them): every other process
+  // of the group (direct), the ring's two neighbours, or the doubling partners.
+  std::vector<int> neighbours() const {
+    if (ring_) return ring_neighbours();
+    if (doubling_) {
+      std::vector<int> out;
+      for (int qi : doubling_partners(mi_, static_cast<int>(procs_.size()))) out.push_back(procs_[static_cast<size_t>(qi)]);
+      return out;
+    }
+    return procs_;
+  }
+
+  // Under the ring (or doubling) a process has only its neighbours' signatures, and a failure
+  // (a mismatch, a peer gone) is seen first by the failed process's neighbours: each such op
+  // listens for an abort notice from every neighbour, and an op that fails sends its error to
+  // them (a neighbour passes it on to its others), so every process fails with the first
+  // cause within P/2 hops (log2 P for doubling) instead of waiting out its timeout. Listening
+  // receives are not the op's messages: they are cancelled when it finishes, and a notice
+  // arriving later stays unclaimed in staging.
+  void listen() {
     const uint64_t tag = mix_tag(c_.tag, kAbortPhase, 0, 0, 0);
-    for (int q : ring_neighbours()) {
+    for (int q : neighbours()) {
       uint8_t* b = temp(kAbortBytes);
       notices_.push_back({ep_.post_recv(q, tag, b, kAbortBytes, wake_, true), q, b});
     }
   }
 
-  bool ring_notice_arrived() {
+  bool notice_arrived() {
     for (const Notice& n : notices_) {
       const auto& req = n.msg_req;
       if (!req->finished() || req->failed()) continue;
@@ -722,7 +743,7 @@ class Executor::Op {
   }
 
   // On finishing: stop listening; after a failure, tell the neighbours (but the one that told us).
-  void ring_close(const Error* e) {
+  void stop_listening(const Error* e) {
     for (const Notice& n : notices_)
       if (!n.msg_req->finished()) ep_.cancel(n.msg_req, Cause::kClosed, "collective finished");
     if (!e || notices_.empty()) return;
@@ -734,7 +755,7 @@ class Executor::Op {
     const std::string what = notice_from_ >= 0 ? notice_text_ : std::string(e->what());   // the first account
     std::memcpy(note->data() + 16, what.data(), std::min<size_t>(what.size(), kAbortBytes - 17));
     const uint64_t tag = mix_tag(c_.tag, kAbortPhase, 0, 0, 0);
-    for (int q : ring_neighbours())
+    for (int q : neighbours())
       if (q != notice_from_) ep_.post_send(q, tag, note->data(), kAbortBytes, [note] {}, true);
   }
 
@@ -818,6 +839,53 @@ class Executor::Op {
     if (mi_ + 1 < P) ring_relay(12, 0, out, N, mi_ + 2 < P);
   }
 
+  // Doubling all-reduce (recursive doubling after Bruck): slot j of a P-slot buffer holds the
+  // local sum of the process j places after this one on the ring. In round r (d = 2^r) this
+  // process sends slots [0, min(d, P-d)) to the process d before it, once they are here, and
+  // receives as many into slots [d, ...) from the process d after it. Then every S_q is here,
+  // folded in canonical order.
+  void doubling_all_reduce(const uint8_t* S, uint64_t N) {
+    const int P = static_cast<int>(procs_.size());
+    const uint64_t bytes = N * esize_;
+    slots_ = temp(static_cast<uint64_t>(P) * bytes);
+    if (bytes) std::memcpy(slots_, S, bytes);
+    slot_msg_.assign(static_cast<size_t>(P), -1);
+    for (int d = 1, r = 0; d < P; d <<= 1, r++) {
+      const int cnt = std::min(d, P - d);
+      const int mi = recv(procs_[static_cast<size_t>(ring_index(d))], mix_tag(c_.tag, 16, static_cast<uint64_t>(r), 0, 0),
+                          slots_ + static_cast<uint64_t>(d) * bytes, static_cast<uint64_t>(cnt) * bytes);
+      for (int j = d; j < d + cnt; j++) slot_msg_[static_cast<size_t>(j)] = mi;
+      rounds_.push_back({d, cnt, false});
+    }
+    Piece pc;
+    pc.elems = N;
+    pc.dest = c_.out[0];
+    pc.acc = static_cast<uint8_t*>(c_.out[0]);   // never a source: the slots are this op's own
+    for (int qi = 0; qi < P; qi++) {
+      const int j = ((qi - mi_) % P + P) % P;
+      pc.src.push_back(slots_ + static_cast<uint64_t>(j) * bytes);
+      pc.msg.push_back(slot_msg_[static_cast<size_t>(j)]);
+    }
+    pieces_.push_back(std::move(pc));
+  }
+
+  void post_doubling_sends() {
+    const uint64_t bytes = c_.count * esize_;
+    for (size_t r = 0; r < rounds_.size(); r++) {
+      Round& rd = rounds_[r];
+      if (rd.sent) continue;
+      bool ready = true;
+      for (int j = 1; j < rd.cnt && ready; j++) {
+        const int mi = slot_msg_[static_cast<size_t>(j)];
+        ready = mi < 0 || msgs_[static_cast<size_t>(mi)].req->finished();
+      }
+      if (!ready) continue;
+      rd.sent = true;
+      send(procs_[static_cast<size_t>(ring_index(-rd.d))], mix_tag(c_.tag, 16, r, 0, 0), slots_,
+           static_cast<uint64_t>(rd.cnt) * bytes);
+    }
+  }
+
   // Reduce-scatter: each rank's shard is folded along the ring; the last process keeps the
   // shards it owns and sends the others on around the ring, each as far as its owner.
   void ring_reduce_scatter(const uint8_t* S, uint64_t shard, int n) {
@@ -880,6 +948,14 @@ class Executor::Op {
   PlanKind plan_kind_ = PlanKind::kAuto;
   AlgoKind algo_ = AlgoKind::kDirect;   // resolved (never kAuto); in the signature
   bool ring_ = false;                   // algo_ is the ring and there is more than one process
+  bool doubling_ = false;               // algo_ is doubling (an all-reduce) over more than one process
+  struct Round {
+    int d, cnt;
+    bool sent;
+  };
+  std::vector<Round> rounds_;           // doubling: its rounds
+  uint8_t* slots_ = nullptr;            // doubling: every process's local sum, by ring distance
+  std::vector<int> slot_msg_;           // doubling: the receive that fills each slot (-1: local)
   bool plan_pending_ = false;     // a large all-reduce waiting for every capacity
   double my_capacity_ = 1.0;
   const uint8_t* S_ = nullptr;    // this process's local sum, for the owners' segments

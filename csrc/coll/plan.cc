@@ -49,15 +49,39 @@ std::string algo_setting_error(const std::string& algo) {
   return "R2CCL_ALGO must be " + all;
 }
 
-AlgoKind choose_algo(AlgoKind want, int processes, int max_peers) {
-  if (want != AlgoKind::kAuto) return want;
-  return processes - 1 > max_peers ? AlgoKind::kRing : AlgoKind::kDirect;
+AlgoKind choose_algo(AlgoKind want, int processes, int max_peers, bool all_reduce, bool small) {
+  if (want == AlgoKind::kAuto) {
+    if (processes - 1 <= max_peers) return AlgoKind::kDirect;
+    return all_reduce && small ? AlgoKind::kDoubling : AlgoKind::kRing;
+  }
+  if (want == AlgoKind::kDoubling && !all_reduce) return AlgoKind::kRing;
+  return want;
+}
+
+std::vector<int> doubling_partners(int me, int P) {
+  std::vector<int> out;
+  for (int d = 1; d < P; d <<= 1)
+    for (int q : {((me - d) % P + P) % P, (me + d) % P})
+      if (q != me && std::find(out.begin(), out.end(), q) == out.end()) out.push_back(q);
+  std::sort(out.begin(), out.end());
+  return out;
 }
 
 int algo_peers(AlgoKind k, int processes) {
   if (processes < 2) return 0;
   if (k == AlgoKind::kRing) return processes == 2 ? 1 : 2;
+  if (k == AlgoKind::kDoubling) return static_cast<int>(doubling_partners(0, processes).size());
   return processes - 1;
+}
+
+double predict_doubling_seconds(const std::vector<double>& c_in, double bytes, double nic_Bps, double alpha_s) {
+  const size_t P = c_in.size();
+  if (P < 2) return 0;
+  const std::vector<double> c = clamp_capacities(c_in);
+  int rounds = 0;
+  for (size_t d = 1; d < P; d <<= 1) rounds++;
+  const double cmin = *std::min_element(c.begin(), c.end());
+  return rounds * alpha_s + (static_cast<double>(P) - 1) * bytes / (cmin * nic_Bps);
 }
 
 std::vector<int> startup_peers(AlgoKind want, int me, int world, int max_peers) {

@@ -31,28 +31,41 @@ std::string plan_setting_error(const std::string& plan);
 // along the ring 0 -> 1 -> ... -> P-1 (one hop per process, pipelined in pieces, so every
 // element still meets the canonical order) and the result travels on around the ring;
 // all-gather, reduce-scatter and broadcast relay along it. All-to-all is always direct.
+// doubling (all-reduce only; other kinds run the ring): recursive doubling after Bruck, any
+// process count: in round r every process sends what it holds of the processes' local sums
+// to the process 2^r before it on the ring and receives as much from the one 2^r after it;
+// after ceil(log2 P) rounds each holds every local sum and folds them in canonical order. It
+// moves (P - 1) times the vector: for small all-reduces, where the rounds (latency) rule.
 // Every algorithm gives the same bits (docs/plans.md, "Algorithms").
-enum class AlgoKind : int { kAuto = 0, kDirect, kRing };
-inline constexpr const char* kAlgoNames[] = {"auto", "direct", "ring"};
-static_assert(std::size(kAlgoNames) == static_cast<size_t>(AlgoKind::kRing) + 1, "an AlgoKind without a name");
+enum class AlgoKind : int { kAuto = 0, kDirect, kRing, kDoubling };
+inline constexpr const char* kAlgoNames[] = {"auto", "direct", "ring", "doubling"};
+static_assert(std::size(kAlgoNames) == static_cast<size_t>(AlgoKind::kDoubling) + 1, "an AlgoKind without a name");
 const char* algo_name(AlgoKind k);
 bool parse_algo(const std::string& s, AlgoKind* out);
 // R2CCL_ALGO's check: empty when `algo` names one, else a sentence naming every algorithm.
 std::string algo_setting_error(const std::string& algo);
-// The algorithm one collective over `processes` runs: `want`, or for kAuto direct while each
-// process's direct peers (processes - 1) fit `max_peers` (R2CCL_MAX_PEERS), the ring beyond.
-// (Within the budget the cost model always prefers direct: it moves 2D(P-1)/P per process,
-// the ring 2D; past it, the peer count is what rules: connections, windows, incast.)
+// The algorithm one collective over `processes` runs (all-to-all is always direct, the
+// caller's business): `want`, or for kAuto direct while each process's direct peers
+// (processes - 1) fit `max_peers` (R2CCL_MAX_PEERS), beyond that doubling for a small
+// all-reduce and the ring for anything else. (Within the budget the cost model always prefers
+// direct: it moves 2D(P-1)/P per process, the ring 2D; past it, the peer count is what rules:
+// connections, windows, incast.) doubling asked for anything but an all-reduce runs the ring.
 // A pure function of values equal on every process; the result travels in the signature.
-AlgoKind choose_algo(AlgoKind want, int processes, int max_peers);
+AlgoKind choose_algo(AlgoKind want, int processes, int max_peers, bool all_reduce = true, bool small = false);
 // Cost model of the ring all-reduce over processes of capacities c: process i moves its
 // ring loads (out: the partial to its successor unless last, the result on unless it is
 // the last to get it; in: likewise) over c_i * nic_Bps, plus the pipeline's fill: the first
 // piece crosses 2(P - 1) hops.
 double predict_ring_seconds(const std::vector<double>& c, double bytes, double nic_Bps, double alpha_s,
                             double piece_bytes);
+// The processes `me` exchanges with in a doubling all-reduce over `processes` (indices into
+// the group's canonical order): the one 2^r before and the one 2^r after, every round r.
+std::vector<int> doubling_partners(int me, int processes);
 // Peers one process exchanges data with in one all-reduce of each algorithm.
 int algo_peers(AlgoKind k, int processes);
+// Cost model of the doubling all-reduce: ceil(log2 P) rounds, (P - 1) D over the slowest
+// process's capacity.
+double predict_doubling_seconds(const std::vector<double>& c, double bytes, double nic_Bps, double alpha_s);
 // The peers process `me` of `world` connects to at start-up: every other one where a
 // collective over all processes runs direct, its two ring neighbours where it runs the ring.
 // (A collective over another group opens the connections it needs on first use.)

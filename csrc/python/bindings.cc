@@ -782,11 +782,15 @@ NB_MODULE(_core, m) {
         coll::AlgoKind want;
         if (!coll::parse_algo(algo, &want)) throw Error(Cause::kInvalidArgument, -1, coll::algo_setting_error(algo));
         const int P = static_cast<int>(capacities.size());
-        const coll::AlgoKind k = coll::choose_algo(want, P, max_peers);
+        const coll::AlgoKind k =
+            coll::choose_algo(want, P, max_peers, true, bytes <= static_cast<double>(coll::kSmallCollectiveBytes));
         nb::dict d;
         d["algo"] = coll::algo_name(k);
         d["peers"] = coll::algo_peers(k, P);
-        if (k == coll::AlgoKind::kRing) {
+        if (k == coll::AlgoKind::kDoubling) {
+          d["plan"] = "";
+          d["seconds"] = coll::predict_doubling_seconds(capacities, bytes, nic_Bps, alpha_s);
+        } else if (k == coll::AlgoKind::kRing) {
           d["plan"] = "";
           d["seconds"] = coll::predict_ring_seconds(capacities, bytes, nic_Bps, alpha_s, piece_bytes);
         } else {
@@ -799,7 +803,7 @@ NB_MODULE(_core, m) {
       nb::arg("algo"), nb::arg("capacities"), nb::arg("bytes"), nb::arg("nic_Bps"), nb::arg("alpha_s") = 0.0,
       nb::arg("piece_bytes") = double(coll::CollectiveOptions{}.piece_bytes),
       nb::arg("max_peers") = Config{}.max_peers,
-      "The algorithm a large all-reduce over len(capacities) processes runs (algo: auto, direct or ring), its "
+      "The algorithm an all-reduce of `bytes` over len(capacities) processes runs (algo: one of names()['algos']), its "
       "direct peers per process, the plan (direct) and the cost model's time.");
 
   // Wire-level helpers for tests that play a stranger on the listen port.
