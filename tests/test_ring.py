@@ -34,7 +34,7 @@ def test_the_ring_connects_each_process_to_its_two_neighbours_only(world, config
         partners = sorted(set(_neighbours(rank, world)) | {(rank + s * d) % world for d in (1, 2, 4)
                                                            if d < world for s in (1, -1)} - {rank})
         assert seen["all_reduce"]["opened"] == (partners if auto else _neighbours(rank, world)), (rank, seen)
-        assert len(partners) == _core.algo_predict("doubling", [1.0] * world, 4000.0, 1e9)["peers"]
+        assert len(partners) == _core.algo_predict("doubling", "auto", [1.0] * world, 4000.0, 1e9)["peers"]
         # All-to-all is always direct: it opens every peer on first use.
         assert seen["all_to_all"]["opened"] == [p for p in range(world) if p != rank], (rank, seen)
         assert seen["all_to_all"]["rails_up"] == (world - 1) * rails, (rank, seen)
@@ -45,7 +45,7 @@ def test_direct_within_max_peers_connects_to_every_process_at_start():
     res = run_ranks("ring_connections", world, nics=LOOPBACK4[:2], timeout=120)
     for rank, r in enumerate(res):
         out = r["result"]
-        assert out["bad"] == [] and out["algos"] == ["direct", "direct"], out
+        assert out["bad"] == [] and out["algos"] == ["direct", None], out
         assert out["seen"][0]["opened"] == [p for p in range(world) if p != rank]
         assert out["seen"][0]["rails_up"] == (world - 1) * out["rails_per_peer"]
 

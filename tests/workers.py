@@ -671,19 +671,27 @@ def ring_connections(ep, rank, world, count=300_007):
     seen = [{"when": "start", "opened": ep.opened_peers(), "rails_up": rails_up()}]
     hc = HostCollectives(ep)
     pr = list(range(world))
+    hc.run("all_reduce", [np.zeros(1, np.int32)], process_of_rank=pr, my_ranks=[rank], algo="ring")
     bad = []
     algos = []
     for i, kind in enumerate(("all_reduce", "reduce_scatter", "all_gather", "broadcast", "all_reduce", "all_to_all")):
         n = count - count % world if kind in ("reduce_scatter", "all_to_all") else (1000 if i == 4 else count)
         ins = [_rank_input(kind, "float32", n, r, seed=i) for r in range(world)]
         root = world - 1
+        serial = hc.last_plan()["serial"]
         out = hc.run(kind, [ins[rank]], process_of_rank=pr, my_ranks=[rank], root=root)
         ref = host_reference(kind, "sum", ins, pr, root)
         if out[0].tobytes() != ref[rank].tobytes():
             bad.append(kind)
-        if kind == "all_reduce":
-            algos.append(hc.last_plan()["algo"])
+        if kind == "all_reduce":   # (a small direct all-reduce records nothing: None)
+            lp = hc.last_plan()
+            algos.append(lp["algo"] if lp["serial"] != serial else None)
+        # Fences (tiny ring all-reduces): every process has finished this step before any
+        # looks, and has looked before any goes on (a process ahead may open a connection here).
+        fence = [np.zeros(1, np.int32)]
+        hc.run("all_reduce", fence, process_of_rank=pr, my_ranks=[rank], algo="ring")
         seen.append({"when": kind, "opened": ep.opened_peers(), "rails_up": rails_up()})
+        hc.run("all_reduce", fence, process_of_rank=pr, my_ranks=[rank], algo="ring")
     hc.close()
     barrier(ep, rank, world)
     return {"seen": seen, "bad": bad, "algos": algos, "rails_per_peer": len(ep.rail_stats((rank + 1) % world))}

@@ -121,10 +121,9 @@ class Executor::Op {
       if (std::find(procs_.begin(), procs_.end(), p) == procs_.end()) procs_.push_back(p);
     mi_ = static_cast<int>(std::find(procs_.begin(), procs_.end(), me_) - procs_.begin());
     // All-to-all moves fixed blocks between fixed pairs: always direct.
-    const bool small = c_.count * esize_ <= opt_.small_bytes;
     algo_ = c_.kind == Kind::kAllToAll ? AlgoKind::kDirect
                                        : choose_algo(want, static_cast<int>(procs_.size()), opt_.max_peers,
-                                                     c_.kind == Kind::kAllReduce, small);
+                                                     c_.kind == Kind::kAllReduce, static_cast<double>(c_.count * esize_));
     ring_ = algo_ == AlgoKind::kRing && procs_.size() > 1;
     doubling_ = algo_ == AlgoKind::kDoubling && procs_.size() > 1;
   }

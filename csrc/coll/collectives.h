@@ -42,7 +42,7 @@ bool parse_kind(const std::string& name, Kind* out);   // inverse of kind_name; 
 // Collectives of at most this many bytes are small: they exchange everything in one step
 // (latency rules, not bandwidth) and XLA's thread may wait for them (R2CCL_SYNC_WAIT_US).
 // Exported to Python as _core.constants()["small_collective_bytes"] for the settings' docs.
-inline constexpr uint64_t kSmallCollectiveBytes = 64 << 10;
+inline constexpr uint64_t kSmallCollectiveBytes = kSmallAllReduceBytes;
 
 // One process's part of one collective.
 struct ProcessCall {

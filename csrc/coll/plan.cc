@@ -49,10 +49,12 @@ std::string algo_setting_error(const std::string& algo) {
   return "R2CCL_ALGO must be " + all;
 }
 
-AlgoKind choose_algo(AlgoKind want, int processes, int max_peers, bool all_reduce, bool small) {
+AlgoKind choose_algo(AlgoKind want, int processes, int max_peers, bool all_reduce, double bytes) {
   if (want == AlgoKind::kAuto) {
     if (processes - 1 <= max_peers) return AlgoKind::kDirect;
-    return all_reduce && small ? AlgoKind::kDoubling : AlgoKind::kRing;
+    const bool small = bytes <= static_cast<double>(kSmallAllReduceBytes);
+    return all_reduce && small && bytes * processes <= static_cast<double>(kDoublingMaxBytes) ? AlgoKind::kDoubling
+                                                                                               : AlgoKind::kRing;
   }
   if (want == AlgoKind::kDoubling && !all_reduce) return AlgoKind::kRing;
   return want;
@@ -72,6 +74,15 @@ int algo_peers(AlgoKind k, int processes) {
   if (k == AlgoKind::kRing) return processes == 2 ? 1 : 2;
   if (k == AlgoKind::kDoubling) return static_cast<int>(doubling_partners(0, processes).size());
   return processes - 1;
+}
+
+double algo_buffer_bytes(AlgoKind k, int P, double bytes, double max_share) {
+  if (P < 2) return 0;
+  switch (k) {
+    case AlgoKind::kRing: return bytes;                                  // a partial per piece
+    case AlgoKind::kDoubling: return static_cast<double>(P) * bytes;     // every local sum
+    default: return (static_cast<double>(P) - 1) * max_share * bytes;     // the contributions to its segment
+  }
 }
 
 double predict_doubling_seconds(const std::vector<double>& c_in, double bytes, double nic_Bps, double alpha_s) {
@@ -110,9 +121,11 @@ double predict_ring_seconds(const std::vector<double>& c_in, double bytes, doubl
     const double in = (i > 0 ? bytes : 0) + (i + 1 < P ? bytes : 0);
     worst = std::max(worst, std::max(out, in) / (c[i] * nic_Bps));
   }
+  // The pipeline's fill: the first piece reaches the last process after P - 1 hops; from
+  // then on the busiest links stay busy (the result's pieces follow the partials).
   const double cmin = *std::min_element(c.begin(), c.end());
   const double hop = alpha_s + std::min(piece_bytes, bytes) / (cmin * nic_Bps);
-  return worst + 2.0 * (static_cast<double>(P) - 1) * hop;
+  return worst + (static_cast<double>(P) - 1) * hop;
 }
 
 std::vector<double> plan_shares(PlanKind k, const std::vector<double>& c_in) {

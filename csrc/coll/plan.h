@@ -51,7 +51,16 @@ std::string algo_setting_error(const std::string& algo);
 // direct: it moves 2D(P-1)/P per process, the ring 2D; past it, the peer count is what rules:
 // connections, windows, incast.) doubling asked for anything but an all-reduce runs the ring.
 // A pure function of values equal on every process; the result travels in the signature.
-AlgoKind choose_algo(AlgoKind want, int processes, int max_peers, bool all_reduce = true, bool small = false);
+// `bytes`: the vector's size: a small all-reduce (at most kSmallAllReduceBytes) runs doubling
+// only while it holds at most kDoublingMaxBytes of local sums (P x bytes), so that no process's
+// memory grows with the job.
+inline constexpr uint64_t kSmallAllReduceBytes = 64 << 10;   // collectives.h: kSmallCollectiveBytes
+inline constexpr uint64_t kDoublingMaxBytes = 16 << 20;
+AlgoKind choose_algo(AlgoKind want, int processes, int max_peers, bool all_reduce = true, double bytes = 1e18);
+// Receive buffers one process allocates for one all-reduce of `bytes` (max_share: the largest
+// owner's share, direct only): direct, the P - 1 contributions to its segment; ring, one
+// partial per piece (the whole vector); doubling, every process's local sum.
+double algo_buffer_bytes(AlgoKind k, int processes, double bytes, double max_share);
 // Cost model of the ring all-reduce over processes of capacities c: process i moves its
 // ring loads (out: the partial to its successor unless last, the result on unless it is
 // the last to get it; in: likewise) over c_i * nic_Bps, plus the pipeline's fill: the first

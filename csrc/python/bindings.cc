@@ -777,34 +777,42 @@ NB_MODULE(_core, m) {
       "ring neighbours; the others are connected on first use.");
   m.def(
       "algo_predict",
-      [](const std::string& algo, const std::vector<double>& capacities, double bytes, double nic_Bps, double alpha_s,
-         double piece_bytes, int max_peers) {
+      [](const std::string& algo, const std::string& plan, const std::vector<double>& capacities, double bytes,
+         double nic_Bps, double alpha_s, double piece_bytes, int max_peers) {
         coll::AlgoKind want;
         if (!coll::parse_algo(algo, &want)) throw Error(Cause::kInvalidArgument, -1, coll::algo_setting_error(algo));
+        coll::PlanKind pk;
+        if (!coll::parse_plan(plan, &pk)) throw Error(Cause::kInvalidArgument, -1, coll::plan_setting_error(plan));
         const int P = static_cast<int>(capacities.size());
-        const coll::AlgoKind k =
-            coll::choose_algo(want, P, max_peers, true, bytes <= static_cast<double>(coll::kSmallCollectiveBytes));
+        const coll::AlgoKind k = coll::choose_algo(want, P, max_peers, true, bytes);
         nb::dict d;
         d["algo"] = coll::algo_name(k);
         d["peers"] = coll::algo_peers(k, P);
+        double max_share = 0;
         if (k == coll::AlgoKind::kDoubling) {
           d["plan"] = "";
-          d["seconds"] = coll::predict_doubling_seconds(capacities, bytes, nic_Bps, alpha_s);
+          d["shares"] = std::vector<double>{};
+          d["predicted_s"] = coll::predict_doubling_seconds(capacities, bytes, nic_Bps, alpha_s);
         } else if (k == coll::AlgoKind::kRing) {
           d["plan"] = "";
-          d["seconds"] = coll::predict_ring_seconds(capacities, bytes, nic_Bps, alpha_s, piece_bytes);
+          d["shares"] = std::vector<double>{};
+          d["predicted_s"] = coll::predict_ring_seconds(capacities, bytes, nic_Bps, alpha_s, piece_bytes);
         } else {
-          coll::PlanChoice c = coll::choose_plan(coll::PlanKind::kAuto, capacities, bytes, nic_Bps, alpha_s);
+          coll::PlanChoice c = coll::choose_plan(pk, capacities, bytes, nic_Bps, alpha_s);
           d["plan"] = coll::plan_name(c.kind);
-          d["seconds"] = c.predicted_s;
+          d["shares"] = c.shares;
+          d["predicted_s"] = c.predicted_s;
+          for (double x : c.shares) max_share = std::max(max_share, x);
         }
+        d["buffer_bytes"] = coll::algo_buffer_bytes(k, P, bytes, max_share);
         return d;
       },
-      nb::arg("algo"), nb::arg("capacities"), nb::arg("bytes"), nb::arg("nic_Bps"), nb::arg("alpha_s") = 0.0,
-      nb::arg("piece_bytes") = double(coll::CollectiveOptions{}.piece_bytes),
+      nb::arg("algo"), nb::arg("plan"), nb::arg("capacities"), nb::arg("bytes"), nb::arg("nic_Bps"),
+      nb::arg("alpha_s") = 0.0, nb::arg("piece_bytes") = double(coll::CollectiveOptions{}.piece_bytes),
       nb::arg("max_peers") = Config{}.max_peers,
-      "The algorithm an all-reduce of `bytes` over len(capacities) processes runs (algo: one of names()['algos']), its "
-      "direct peers per process, the plan (direct) and the cost model's time.");
+      "What an all-reduce of `bytes` over len(capacities) processes runs (algo: one of names()['algos']; plan: "
+      "the direct algorithm's, one of names()['plans']): algo, plan, shares, peers per process, receive "
+      "buffer_bytes per process, and the cost model's predicted_s.");
 
   // Wire-level helpers for tests that play a stranger on the listen port.
   m.def("_encode_frame", [](int type, nb::bytes payload, uint64_t seq) {

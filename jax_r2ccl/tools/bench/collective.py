@@ -197,6 +197,13 @@ def main(args: argparse.Namespace) -> int:
     except Exception:  # noqa: BLE001 - no endpoint (one process): nothing stalled
         pass
     stalls = dist.gather("stalls", mine)
+    # When each process finished each size's loop (wall clock): under the ring, process 0 has
+    # the result before the processes after it on the ring do.
+    loop_end = {}
+    for it in iterations:
+        if it["impl"] == "r2ccl":
+            loop_end[str(it["size_bytes"])] = max(loop_end.get(str(it["size_bytes"]), 0.0), it["t_end"])
+    loop_ends = dist.gather("loop_end", loop_end)
     if args.process_id == 0:
         for i, r in enumerate(rows):
             r["wrong"] = sum(t[i] for t in totals)
@@ -231,7 +238,8 @@ def main(args: argparse.Namespace) -> int:
             except Exception:  # noqa: BLE001
                 pass
             write_json(args.json, {"config": vars(args) | {"sizes": args.sizes}, "results": rows,
-                                   "iterations": iterations, "rail_stats": stats, "stalls": stalls,
+                                   "iterations": iterations, "loop_end_by_process": loop_ends,
+                                   "rail_stats": stats, "stalls": stalls,
                                    "core": getattr(_core, "__file__", "")})
     dist.barrier("done")
     jax_r2ccl.shutdown()

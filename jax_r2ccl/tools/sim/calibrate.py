@@ -60,10 +60,14 @@ def calibrate(paths: list[str], rate: str, alpha_s: float) -> list[dict]:
             if r["impl"] != "r2ccl" or r.get("op", "allreduce") != "allreduce" or r["size_bytes"] < (1 << 20):
                 continue
             caps = capacities_of(bench, r)
-            pred = allreduce_seconds(cluster, r["size_bytes"], caps, r.get("plan") or "balance")
+            # Runs from before the algorithms were recorded ran direct.
+            algo = r.get("algo") or "direct"
+            pred = allreduce_seconds(cluster, r["size_bytes"], caps,
+                                     r.get("plan") if r.get("plan") not in (None, "", "-") else "balance", algo)
             measured = busbw_GBps(r["size_bytes"], r["time_us_median"] / 1e6, world)
             model = busbw_GBps(r["size_bytes"], pred["seconds"], world)
-            rows.append({"file": path, "hosts": world, "nics": nics, "size": r["size"], "plan": pred["plan"],
+            rows.append({"file": path, "hosts": world, "nics": nics, "size": r["size"],
+                         "plan": pred["plan"] if pred["algo"] == "direct" else pred["algo"],
                          "capacities": caps, "measured_busbw_GBps": measured, "model_busbw_GBps": model,
                          "error": (model - measured) / measured})
     return rows
@@ -134,7 +138,10 @@ def replay(paths: list[str], rate: str, alpha_s: float) -> list[dict]:
             continue
         size = max(i["size_bytes"] for i in its)
         loop = [i for i in its if i["size_bytes"] == size]
-        measured = loop[-1]["t_end"] - loop[0]["t_start"]
+        # The loop ends when its last process finishes (under the ring, process 0 is early);
+        # files from before the ends were gathered have process 0's only.
+        ends = [e.get(str(size)) for e in bench.get("loop_end_by_process") or [] if e and e.get(str(size))]
+        measured = max(ends + [loop[-1]["t_end"]]) - loop[0]["t_start"]
         world = int(cfg["num_processes"])
         nics = len([n for n in str(cfg.get("nics") or "").split(",") if n.strip()])
         cluster = Cluster.testbed(world, nics, rate, alpha_s=alpha_s)
@@ -142,7 +149,9 @@ def replay(paths: list[str], rate: str, alpha_s: float) -> list[dict]:
         policy = POLICIES["jax_r2ccl"]
         plan = cfg.get("plan") or "balance"
         policy = dataclasses.replace(policy, plan=plan)
-        wl = CollectiveLoop(float(size))
+        algo = next((i["algo"] for i in loop if i.get("algo")), "direct")
+        policy = dataclasses.replace(policy, algo=algo)
+        wl = CollectiveLoop(float(size), algo=algo)
         model = time_to_finish(cluster, wl, trace, len(loop), policy)
         healthy = len(loop) * wl.step(cluster, {}, plan)[0]
         rows.append({"file": path, "hosts": world, "size": size, "iters": len(loop),

@@ -1,7 +1,7 @@
 """Collective costs for the simulator (alpha-beta, flow level, per server's NICs). The
-inter-server all-reduce uses the planner's own cost model (csrc/coll/plan.cc via
-jax_r2ccl._core.plan_predict), so the simulator and the planner can never disagree about what a
-plan costs; ring, tree, all-to-all and point-to-point are the textbook formulas over the same
+inter-server all-reduce uses the planner's own choice of algorithm and its cost model
+(csrc/coll/plan.cc via jax_r2ccl._core.algo_predict), so the simulator and the planner can never
+disagree about what an algorithm or a plan costs; ring, tree, all-to-all and point-to-point are the textbook formulas over the same
 capacities (healthy-NIC units per server)."""
 
 from __future__ import annotations
@@ -26,25 +26,47 @@ def intra_allreduce_seconds(cluster: Cluster, nbytes: float) -> float:
 
 
 def allreduce_seconds(cluster: Cluster, nbytes: float, capacities: Sequence[float] | None = None,
-                      plan: str = "auto") -> dict:
-    """Time of one all-reduce of `nbytes` per GPU over the whole cluster: the owner exchange
-    between servers under `plan` with per-server capacities (healthy NICs; default all healthy),
-    after the reduce-scatter inside each server over NVLink and before the all-gather there
-    (one after the other, as jax_r2ccl runs them). Returns {"seconds", "plan", "shares",
-    "inter_s", "intra_s"}."""
+                      plan: str = "auto", algo: str = "auto", max_peers: int | None = None) -> dict:
+    """Time of one all-reduce of `nbytes` per GPU over the whole cluster: the algorithm the
+    library picks between servers (R2CCL_ALGO `algo`, R2CCL_MAX_PEERS `max_peers`: the owner
+    exchange under `plan`, the ring or doubling) with per-server capacities (healthy NICs;
+    default all healthy), after the reduce-scatter inside each server over NVLink and before
+    the all-gather there (one after the other, as jax_r2ccl runs them). Returns {"seconds",
+    "algo", "plan", "shares", "peers", "buffer_bytes", "inter_s", "intra_s"}."""
     caps = _caps(cluster, capacities)
     intra = intra_allreduce_seconds(cluster, nbytes)
     if cluster.servers == 1:
-        return {"seconds": intra, "plan": "none", "shares": [1.0], "inter_s": 0.0, "intra_s": intra}
-    p = exchange(caps, nbytes, cluster.nic_Bps, cluster.alpha_s, plan)
-    return {"seconds": p["predicted_s"] + intra, "plan": p["plan"], "shares": list(p["shares"]),
-            "inter_s": p["predicted_s"], "intra_s": intra}
+        return {"seconds": intra, "algo": "none", "plan": "none", "shares": [1.0], "peers": 0, "buffer_bytes": 0.0,
+                "inter_s": 0.0, "intra_s": intra}
+    p = exchange(caps, nbytes, cluster.nic_Bps, cluster.alpha_s, plan, algo, max_peers)
+    return {"seconds": p["predicted_s"] + intra, "algo": p["algo"], "plan": p["plan"], "shares": list(p["shares"]),
+            "peers": p["peers"], "buffer_bytes": p["buffer_bytes"], "inter_s": p["predicted_s"], "intra_s": intra}
 
 
-def exchange(caps: Sequence[float], nbytes: float, nic_Bps: float, alpha_s: float, plan: str) -> dict:
-    """The planner's owner all-reduce of `nbytes` per server among len(caps) servers."""
+def exchange(caps: Sequence[float], nbytes: float, nic_Bps: float, alpha_s: float, plan: str, algo: str = "auto",
+             max_peers: int | None = None) -> dict:
+    """The library's all-reduce of `nbytes` per server among len(caps) servers: the algorithm
+    it picks (the planner's C++ code: _core.algo_predict) and that algorithm's cost model."""
     from ... import _core
-    return _core.plan_predict(plan, [float(c) for c in caps], float(nbytes), nic_Bps, alpha_s)
+    kw = {} if max_peers is None else {"max_peers": int(max_peers)}
+    return _core.algo_predict(algo, plan, [float(c) for c in caps], float(nbytes), nic_Bps, alpha_s, **kw)
+
+
+def host_footprint(cluster: Cluster, nbytes: float, algo: str = "auto", max_peers: int | None = None,
+                   conns_per_nic: int | None = None, socket_buffer_bytes: int | None = None) -> dict:
+    """Per server (one process), for an all-reduce of `nbytes` per GPU: the algorithm, its
+    peers, the connections they take (one per NIC pair per peer, R2CCL_CONNS_PER_NIC each: the
+    library connects only to the peers its collectives use) and the memory that grows with
+    them: the kernel's socket buffers (send + receive, R2CCL_SOCKET_BUFFER_BYTES each) and the
+    collective's receive buffers. Defaults are the library's (one source: _core.config_defaults)."""
+    from ... import _core
+    d = _core.config_defaults()
+    conns = int(d["conns_per_nic"] if conns_per_nic is None else conns_per_nic)
+    sock = int(d["socket_buffer_bytes"] if socket_buffer_bytes is None else socket_buffer_bytes)
+    p = allreduce_seconds(cluster, nbytes, None, "auto", algo, max_peers)
+    connections = p["peers"] * cluster.nics_per_server * conns
+    return {"algo": p["algo"], "peers": p["peers"], "connections": connections,
+            "socket_buffer_bytes": 2 * sock * connections, "buffer_bytes": p["buffer_bytes"]}
 
 
 def ring_allreduce_seconds(caps: Sequence[float], nbytes: float, nic_Bps: float, alpha_s: float) -> float:

@@ -59,8 +59,8 @@ def steady_overhead(cluster: Cluster, wl: Training | Serving, policy: Policy, st
         return wl.tpot(cluster, deg) / wl.tpot(cluster, full) - 1.0
     if lost and not (wl.tp == 1 and wl.pp == 1):
         return None
-    h, _ = wl.step(cluster, {}, policy.plan)
-    d, frac = wl.step(cluster, caps, policy.plan, lost)
+    h, _ = wl.step(cluster, {}, policy.plan, algo=policy.algo)
+    d, frac = wl.step(cluster, caps, policy.plan, lost, algo=policy.algo)
     return 1.0 - frac * h / d
 
 
@@ -70,7 +70,7 @@ def run_training(cluster: Cluster, wl: Training | CollectiveLoop, failures: list
     check_in_cluster(cluster, failures)
     if policy.serving_only:
         raise ValueError(f"policy {policy.name} is for serving workloads")
-    healthy_step, _ = wl.step(cluster, {}, policy.plan)
+    healthy_step, _ = wl.step(cluster, {}, policy.plan, algo=policy.algo)
     healthy_rate = 1.0 / healthy_step
     sw = Sweep(expand(failures, seconds, policy.holddown_s), cluster.nics_per_server)
     cache: dict[tuple, float | None] = {}
@@ -80,7 +80,7 @@ def run_training(cluster: Cluster, wl: Training | CollectiveLoop, failures: list
         got = job_capacities(pol, state, cluster.gpus_per_server, fused_ports)
         if got is None or (got[1] and not dp):
             return None
-        step, frac = wl.step(cluster, got[0], pol.plan, got[1])
+        step, frac = wl.step(cluster, got[0], pol.plan, got[1], algo=pol.algo)
         return frac / step
 
     def rate(state) -> float | None:
@@ -264,7 +264,7 @@ def time_to_finish(cluster: Cluster, wl: Training | CollectiveLoop, failures: li
                    policy: Policy, restart: Restart | None = None, fused_ports: int = 1) -> float:
     """Seconds the job needs for `steps` steps through the trace (bisection on the horizon)."""
     restart = restart or Restart()
-    lo, hi = 0.0, steps * wl.step(cluster, {}, policy.plan)[0]
+    lo, hi = 0.0, steps * wl.step(cluster, {}, policy.plan, algo=policy.algo)[0]
     while run_training(cluster, wl, failures, hi, policy, restart, fused_ports)["steps"] < steps:
         lo, hi = hi, hi * 2
         if hi > 1e9:

@@ -26,14 +26,14 @@ def add_args(p: argparse.ArgumentParser) -> None:
 
 
 def table(cluster: Cluster, nbytes: float, xs: list[float]) -> list[dict]:
-    h = allreduce_seconds(cluster, nbytes, plan="balance")
+    h = allreduce_seconds(cluster, nbytes, plan="balance", algo="direct")
     healthy, healthy_net = h["seconds"], h["inter_s"]
     rows = []
     n = cluster.nics_per_server
     for x in xs:
         caps = [float(n)] * (cluster.servers - 1) + [n * (1 - x)]
         for plan in PLANS:
-            r = allreduce_seconds(cluster, nbytes, caps, plan)
+            r = allreduce_seconds(cluster, nbytes, caps, plan, "direct")
             rows.append({"x": x, "plan": plan, "ran": r["plan"], "seconds": r["seconds"],
                          "vs_healthy": r["seconds"] / healthy, "net_vs_healthy": r["inter_s"] / healthy_net,
                          "slow_share": r["shares"][-1], "servers": cluster.servers})

@@ -38,6 +38,10 @@ class Policy:
     name: str
     view: str                 # how a server's NIC factors become its capacity, see capacity()
     plan: str = "balance"     # all-reduce plan (the planner's names) while degraded
+    # The all-reduce between servers (the planner's algorithm names). Every system but
+    # jax_r2ccl is costed with the owner exchange, as before the algorithms (R2CCL's plans are
+    # shares of it); jax_r2ccl runs what its planner picks (auto: the ring past R2CCL_MAX_PEERS).
+    algo: str = "direct"
     failover_s: float = 0.0   # time without progress when a NIC it survives goes down
     blackhole_s: float | None = None   # the same for a black hole (no link event); None: failover_s
     holddown_s: float | None = None   # flap hold-down (jax_r2ccl's monitor); None: none
@@ -68,10 +72,16 @@ POLICIES = {
     "r2ccl-r2cc": Policy("r2ccl-r2cc", "even", "r2cc", failover_s=0.05,
                          doc="R2CCL R2CC-AllReduce over the survivors"),
     # the monitor acts on three agreeing bandwidth samples, each smoothed over ~200 ms (issue 4)
-    "jax_r2ccl": Policy("jax_r2ccl", "weighted", "auto", failover_s=0.005, holddown_s=0.1, blackhole_s=0.25,
-                        reweigh_s=0.6,
+    "jax_r2ccl": Policy("jax_r2ccl", "weighted", "auto", algo="auto", failover_s=0.005, holddown_s=0.1,
+                        blackhole_s=0.25, reweigh_s=0.6,
                         doc="jax_r2ccl: link events (5 ms), black holes on the stall timer (R2CCL_STALL_MS 250), "
                             "weighted stripes, hold-down, planner"),
+    # The same with R2CCL_MAX_PEERS at least the servers: the owner exchange and its plans at any
+    # size (every host connects to every other).
+    "jax_r2ccl-direct": Policy("jax_r2ccl-direct", "weighted", "auto", algo="direct", failover_s=0.005,
+                               holddown_s=0.1, blackhole_s=0.25, reweigh_s=0.6,
+                               doc="jax_r2ccl with R2CCL_ALGO=direct: the owner exchange and its degraded plans "
+                                   "at any size (a connection to every host)"),
     "dejavu": Policy("dejavu", "crash", serving_only=True, kv_restore=True,
                      doc="DejaVu-like serving: restart the instance, restore the replicated KV cache"),
 }

@@ -67,6 +67,25 @@ class Progress:
             sys.stderr.flush()
 
 
+def footprint(cluster: Cluster, wl) -> dict | None:
+    """What one host holds for the training job's gradient all-reduce between servers (the
+    algorithm the library picks, its peers, connections and memory: costs.host_footprint),
+    or None when there is none (one server, serving)."""
+    import dataclasses
+    from .costs import host_footprint
+    if isinstance(wl, Serving):
+        return None
+    nbytes = getattr(wl, "nbytes", None)
+    servers = cluster.servers
+    if nbytes is None:
+        nbytes = wl.params / wl.pp * wl.grad_bytes if wl.pp > 1 or wl.tp > 1 else wl.params * wl.grad_bytes
+        servers = cluster.servers // wl.pp
+    if servers < 2:
+        return None
+    fp = host_footprint(dataclasses.replace(cluster, servers=servers), float(nbytes))
+    return {**fp, "servers": servers, "bytes": float(nbytes)}
+
+
 def cluster_of(args: argparse.Namespace) -> Cluster:
     if args.gpus <= 0 or args.gpus % args.gpus_per_server:
         raise ValueError(f"--gpus {args.gpus} must be a positive multiple of --gpus-per-server {args.gpus_per_server}")
@@ -145,6 +164,12 @@ def main(args: argparse.Namespace) -> int:
                   f"{r['ttft_overhead_active']:9.3%} {r['tpot_overhead_active']:9.3%} {r['requests_hit']:8d} "
                   f"{r['worst_extra_s']:9.3f} {r['crashes']:7d}")
     else:
+        fp = footprint(cluster, wl)
+        if fp:
+            print(f"# jax_r2ccl's gradient all-reduce among {fp['servers']} servers ({fp['bytes'] / 2**30:.2f} GiB per "
+                  f"server): algorithm {fp['algo']}, {fp['peers']} peers and {fp['connections']} connections per host; "
+                  f"memory per host: socket buffers {fp['socket_buffer_bytes'] / 2**20:.0f} MiB, receive buffers "
+                  f"{fp['buffer_bytes'] / 2**20:.0f} MiB")
         print(f"# throughput overhead: over the horizon; active: while a failure is in force")
         print(f"# {'policy':14} {'overhead':>9} {'active':>9} {'crashes':>7} {'failovers':>9} {'steps':>10}")
         for r in rows:

@@ -62,7 +62,7 @@ class Training:
         return 6 * self.params * self.micro_batch * self.seq / (self.tp * self.pp) / (H100_BF16_FLOPS * self.mfu)
 
     def step(self, cluster: Cluster, caps: Mapping[int, float], plan: str,
-             lost_gpus: int = 0) -> tuple[float, float]:
+             lost_gpus: int = 0, algo: str = "direct") -> tuple[float, float]:
         """(seconds, fraction of the fault-free work a step does) with the servers in `caps`
         (server -> effective capacity) degraded and the others healthy; lost_gpus: GPUs an
         adapcc-like subset has dropped (data parallel only)."""
@@ -71,7 +71,7 @@ class Training:
         if self.tp == 1 and self.pp == 1:
             compute = self.micro_batches * fb
             cl = [caps.get(s, full) for s in range(n)]
-            ar = allreduce_seconds(cluster, self.params * self.grad_bytes, cl, plan)["seconds"]
+            ar = allreduce_seconds(cluster, self.params * self.grad_bytes, cl, plan, algo)["seconds"]
             total = n * cluster.gpus_per_server
             return compute + max(0.0, ar - self.overlap * compute * 2 / 3), (total - lost_gpus) / total
         if lost_gpus:
@@ -94,7 +94,7 @@ class Training:
             stages = {s % pp for s in caps} or {0}
             for st in stages:
                 cl = [caps.get(r * pp + st, full) for r in range(replicas)]
-                ar = max(ar, exchange(cl, grad, cluster.nic_Bps, cluster.alpha_s, plan)["predicted_s"])
+                ar = max(ar, exchange(cl, grad, cluster.nic_Bps, cluster.alpha_s, plan, algo)["predicted_s"])
         return pipeline + max(0.0, ar - self.overlap * fb * 2 / 3), 1.0
 
 
@@ -106,16 +106,18 @@ class CollectiveLoop:
     tp: int = 1
     pp: int = 1
     doc: str = "bench allreduce: one all-reduce after another"
+    algo: str = "auto"            # R2CCL_ALGO of the loop
 
     kind = "training"
 
     def check(self, cluster: Cluster) -> None:
         return None
 
-    def step(self, cluster: Cluster, caps: Mapping[int, float], plan: str, lost_gpus: int = 0) -> tuple[float, float]:
+    def step(self, cluster: Cluster, caps: Mapping[int, float], plan: str, lost_gpus: int = 0,
+             algo: str | None = None) -> tuple[float, float]:
         full = float(cluster.nics_per_server)
         cl = [caps.get(s, full) for s in range(cluster.servers)]
-        return allreduce_seconds(cluster, self.nbytes, cl, plan)["seconds"], 1.0
+        return allreduce_seconds(cluster, self.nbytes, cl, plan, algo or self.algo)["seconds"], 1.0
 
 
 @dataclasses.dataclass(frozen=True)
