@@ -5,6 +5,7 @@ import importlib
 import json
 import os
 import sys
+import time
 import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -24,13 +25,16 @@ def main():
         cfg = Config.from_env(**spec["config"])
         module, _, name = spec["func"].rpartition(":")   # "module:func" or a name in workers.py
         func = getattr(importlib.import_module(module) if module else workers, name)
+        startup_s = None
         if getattr(func, "no_bootstrap", False):
             res = func(None, spec["rank"], spec["world"], spec=spec, **spec["args"])
         else:
+            t0 = time.monotonic()
             ep = bootstrap.connect(bootstrap.FileStore(spec["kv"]), spec["rank"], spec["world"],
                                    nics=spec["nics"], config=cfg)
+            startup_s = time.monotonic() - t0   # bootstrap: addresses, rails up, everyone ready
             res = func(ep, spec["rank"], spec["world"], **spec["args"])
-        out = {"ok": True, "result": res}
+        out = {"ok": True, "result": res, "startup_s": startup_s}
     except R2cclError as e:
         out.update(error=str(e), cause=e.cause, peer=e.peer)
     except BaseException as e:  # noqa: BLE001 - reported to the test

@@ -725,6 +725,49 @@ def plans_bit_exact(ep, rank, world, capacities, cases, local=1):
     return out
 
 
+def ring_scale_loop(ep, rank, world, count, iters, fault_cmd=None, fault_after_s=1.0, victim=-1):
+    """A job that scales: the peers this process opened and its rails up after start-up and
+    after an all-reduce loop (the health monitor running, as jax_r2ccl.initialize() runs it);
+    rank 0 runs fault_cmd mid-loop. Every output checked bit for bit. No barrier: that would
+    talk to every process; tiny ring all-reduces fence the looks instead."""
+    from jax_r2ccl.transport.health import HealthMonitor
+    from jax_r2ccl.transport.host_collectives import HostCollectives
+
+    def rails_up():
+        return sum(s["state"] == "up" for p in range(world) if p != rank for s in ep.rail_stats(p))
+    start = {"opened": ep.opened_peers(), "rails_up": rails_up()}
+    mon = HealthMonitor(ep)
+    hc = HostCollectives(ep)
+    hc.set_capacity(mon)
+    pr = list(range(world))
+    ins = {r: _rank_input("all_reduce", "float32", count, r, seed=7) for r in pr}
+    ref = host_reference("all_reduce", "sum", [ins[r] for r in pr], pr)[rank].tobytes()
+    fence = [np.zeros(1, np.int32)]
+    hc.run("all_reduce", fence, process_of_rank=pr, my_ranks=[rank], algo="ring")
+    timer = None
+    if fault_cmd and rank == 0:
+        timer = threading.Timer(fault_after_s, lambda: subprocess.run(fault_cmd, shell=True, check=True, timeout=30))
+        timer.start()
+    wrong, times, algos = 0, [], set()
+    for _ in range(iters):
+        t0 = time.monotonic()
+        out = hc.run("all_reduce", [ins[rank]], process_of_rank=pr, my_ranks=[rank])
+        times.append(time.monotonic() - t0)
+        wrong += int(out[0].tobytes() != ref)
+        algos.add(hc.last_plan()["algo"])
+    if timer:
+        timer.join()
+    hc.run("all_reduce", fence, process_of_rank=pr, my_ranks=[rank], algo="ring")
+    end = {"opened": ep.opened_peers(), "rails_up": rails_up()}
+    failures = sum(s["failures"] for p in range(world) if p != rank for s in ep.rail_stats(p))
+    hc.run("all_reduce", fence, process_of_rank=pr, my_ranks=[rank], algo="ring")
+    hc.set_capacity(None)
+    mon.close()
+    hc.close()
+    return {"wrong": wrong, "times": times, "algos": sorted(algos), "start": start, "end": end,
+            "rails_per_peer": len(ep.rail_stats((rank + 1) % world)), "rail_failures": failures}
+
+
 def replan_loop(ep, rank, world, count, iters, fault_cmd=None, fault_after_s=1.0):
     """All-reduces in a loop with the health monitor feeding the planner (R2CCL_PLAN=auto);
     rank 0 runs fault_cmd mid-loop. Every output checked bit for bit; the plan of every
