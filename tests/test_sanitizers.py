@@ -4,7 +4,7 @@ suites with it built under ThreadSanitizer.
 
 Builds jax_r2ccl._core with -DR2CCL_SANITIZE=ON in build/pytest-asan, stages it beside a
 copy of the Python package, and runs tests/test_transport.py, test_health.py, test_plans.py
-test_staging.py, test_core_faults.py and test_communicator.py in a child pytest with the
+test_staging.py, test_core_faults.py, test_communicator.py and test_ring.py in a child pytest with the
 sanitizer runtimes preloaded (leak checking off: CPython itself does not free everything).
 Any ASan or UBSan report fails the run."""
 
@@ -28,7 +28,7 @@ TSAN_BUILD = ROOT / "build" / "pytest-tsan"
 # own collective; a mismatch failing on every process). The whole JAX suite under TSan takes
 # over half an hour here (JAX itself runs 5-15x slower), so it runs in the plain suite only.
 TSAN_SUITES = ("test_transport.py", "test_health.py", "test_communicator.py", "test_host_collectives.py",
-               "test_core_faults.py", "test_staging.py")
+               "test_core_faults.py", "test_staging.py", "test_ring.py")
 TSAN_JAX = ("test_jax_collectives.py::test_xla_collective_after_an_r2ccl_one_in_the_same_program_does_not_deadlock",
             "test_jax_collectives.py::test_mismatched_shapes_across_processes_fail_everywhere_without_hang")
 
@@ -87,7 +87,7 @@ def test_transport_suite_is_clean_under_asan_and_ubsan(tmp_path):
     env["ASAN_OPTIONS"] = "detect_leaks=0:abort_on_error=0:halt_on_error=1:exitcode=86"
     env["UBSAN_OPTIONS"] = "print_stacktrace=1:halt_on_error=1:exitcode=87"
     r = _run_suites(stage, env, ("test_transport.py", "test_health.py", "test_plans.py", "test_staging.py",
-                                 "test_core_faults.py", "test_communicator.py"), tmp_path)
+                                 "test_core_faults.py", "test_communicator.py", "test_ring.py"), tmp_path)
     report = r.stdout[-8000:] + r.stderr[-4000:]
     assert r.returncode == 0, report
     assert "ERROR: AddressSanitizer" not in report and "runtime error:" not in report, report
