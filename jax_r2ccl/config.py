@@ -165,9 +165,11 @@ SETTINGS: tuple[Setting, ...] = (
             "data: the all-reduce moves 2(P-1)/P of the vector per process; P-1 peers). ring: each "
             "process exchanges with its two ring neighbours only (the all-reduce moves about twice "
             "the vector per process, in pieces, so the canonical summation order holds); "
-            "all-to-all is always direct. auto: direct up to R2CCL_MAX_PEERS peers, the ring "
-            "beyond. Results are bit-identical under every algorithm. Must be equal on every "
-            "process (checked with each call)."),
+            "all-to-all is always direct. doubling: small all-reduces in log2(P) rounds with "
+            "2 log2(P) peers (other kinds then run the ring). auto: direct up to R2CCL_MAX_PEERS "
+            "peers; beyond, doubling for all-reduces of at most 64 KiB (while P x size <= 16 MiB) "
+            "and the ring for the rest. Results are bit-identical under every algorithm. Must be "
+            "equal on every process (checked with each call)."),
     Setting("R2CCL_MAX_PEERS", "max_peers", int,
             "Under R2CCL_ALGO=auto: the most processes one process exchanges data with directly in "
             "a collective; a larger group runs the ring."),

@@ -165,6 +165,23 @@ def test_plan_names_everywhere_are_the_planners():
         config.Config.from_env(env={}, plan="fastest")
 
 
+def test_algorithm_names_everywhere_are_the_planners():
+    algos = _core.names()["algos"]
+    from jax_r2ccl.tools.bench import collective
+    p = argparse.ArgumentParser()
+    collective.add_args(p)
+    choices = next(a.choices for a in p._actions if "--algo" in a.option_strings)
+    assert list(choices) == algos
+    doc = next(s.doc for s in SETTINGS if s.field == "algo")
+    for name in algos:
+        assert f"{name}:" in doc, f"R2CCL_ALGO's doc does not explain {name}"
+    assert config.Config.from_env(env={}, algo=algos[-1]).algo == algos[-1]
+    with pytest.raises(config.R2cclError, match="R2CCL_ALGO must be " + ", ".join(algos[:-1]) + " or " + algos[-1]):
+        config.Config.from_env(env={}, algo="tree")
+    with pytest.raises(config.R2cclError, match="R2CCL_MAX_PEERS"):
+        config.Config.from_env(env={}, max_peers=0)
+
+
 def test_error_causes_are_the_cores():
     from jax_r2ccl import errors
     causes = _core.names()["causes"]

@@ -27,13 +27,20 @@ const char* plan_name(PlanKind k) { return enum_name(kPlanNames, k, "?"); }
 
 bool parse_plan(const std::string& s, PlanKind* out) { return parse_enum(kPlanNames, s, out); }
 
-std::string plan_setting_error(const std::string& plan) {
-  PlanKind k;
-  if (parse_plan(plan, &k)) return {};
+namespace {
+// "R2CCL_X must be a, b or c" when `value` is none of the table's names, else empty.
+template <typename E, size_t N>
+std::string setting_error(const char* setting, const char* const (&table)[N], const std::string& value) {
+  E k;
+  if (parse_enum(table, value, &k)) return {};
   std::string all;
-  for (size_t i = 0; i < std::size(kPlanNames); i++)
-    all += std::string(i == 0 ? "" : i + 1 == std::size(kPlanNames) ? " or " : ", ") + kPlanNames[i];
-  return "R2CCL_PLAN must be " + all;
+  for (size_t i = 0; i < N; i++) all += std::string(i == 0 ? "" : i + 1 == N ? " or " : ", ") + table[i];
+  return std::string(setting) + " must be " + all;
+}
+}  // namespace
+
+std::string plan_setting_error(const std::string& plan) {
+  return setting_error<PlanKind>("R2CCL_PLAN", kPlanNames, plan);
 }
 
 const char* algo_name(AlgoKind k) { return enum_name(kAlgoNames, k, "?"); }
@@ -41,12 +48,7 @@ const char* algo_name(AlgoKind k) { return enum_name(kAlgoNames, k, "?"); }
 bool parse_algo(const std::string& s, AlgoKind* out) { return parse_enum(kAlgoNames, s, out); }
 
 std::string algo_setting_error(const std::string& algo) {
-  AlgoKind k;
-  if (parse_algo(algo, &k)) return {};
-  std::string all;
-  for (size_t i = 0; i < std::size(kAlgoNames); i++)
-    all += std::string(i == 0 ? "" : i + 1 == std::size(kAlgoNames) ? " or " : ", ") + kAlgoNames[i];
-  return "R2CCL_ALGO must be " + all;
+  return setting_error<AlgoKind>("R2CCL_ALGO", kAlgoNames, algo);
 }
 
 AlgoKind choose_algo(AlgoKind want, int processes, int max_peers, bool all_reduce, double bytes) {
