@@ -125,5 +125,40 @@ int main() {
   PlanKind k;
   check(parse_plan("optimal", &k) && k == PlanKind::kOptimal && !parse_plan("ring", &k), "plan names");
 
+  // Algorithms (docs/plans.md, "Algorithms"): auto is direct within max_peers, then doubling
+  // for small all-reduces whose local sums fit kDoublingMaxBytes, the ring for the rest.
+  check(choose_algo(AlgoKind::kAuto, 17, 16, true, 1e9) == AlgoKind::kDirect, "auto within max_peers: direct");
+  check(choose_algo(AlgoKind::kAuto, 18, 16, true, 1e9) == AlgoKind::kRing, "auto past max_peers: ring");
+  check(choose_algo(AlgoKind::kAuto, 18, 16, true, 4096) == AlgoKind::kDoubling, "small: doubling");
+  check(choose_algo(AlgoKind::kAuto, 1024, 16, true, 65536) == AlgoKind::kRing, "P x bytes past the bound: ring");
+  check(choose_algo(AlgoKind::kAuto, 18, 16, false, 4096) == AlgoKind::kRing, "small, other kinds: ring");
+  check(choose_algo(AlgoKind::kDoubling, 4, 16, false, 4096) == AlgoKind::kRing, "doubling only all-reduces");
+  check(choose_algo(AlgoKind::kRing, 2, 16, true, 1) == AlgoKind::kRing, "a forced algorithm stays");
+  check(startup_peers(AlgoKind::kAuto, 0, 5, 16) == std::vector<int>({1, 2, 3, 4}), "direct: every peer at start");
+  check(startup_peers(AlgoKind::kRing, 0, 5, 16) == std::vector<int>({1, 4}), "ring: the two neighbours");
+  check(startup_peers(AlgoKind::kRing, 1, 2, 16) == std::vector<int>({0}), "ring of two: one neighbour");
+  check(startup_peers(AlgoKind::kAuto, 0, 1, 16).empty(), "alone: nobody");
+  check(doubling_partners(0, 8) == std::vector<int>({1, 2, 4, 6, 7}), "doubling partners of 8");
+  check(algo_peers(AlgoKind::kDoubling, 128) == 13 && algo_peers(AlgoKind::kRing, 128) == 2 &&
+            algo_peers(AlgoKind::kDirect, 128) == 127,
+        "peers per algorithm");
+  // The ring's model: a middle process moves 2D, so healthy P = 8 takes 2D/B (+ fill), the
+  // owner exchange 1.75 D/B; a middle process at half capacity doubles the ring's bandwidth term.
+  const std::vector<double> eight(8, 1.0);
+  check(near(predict_ring_seconds(eight, 1.0, 1.0, 0.0, 0.0), 2.0), "ring, 8 healthy: 2 D/B");
+  std::vector<double> slow_mid = eight, slow_end = eight;
+  slow_mid[3] = 0.5;
+  slow_end[7] = 0.5;
+  check(near(predict_ring_seconds(slow_mid, 1.0, 1.0, 0.0, 0.0), 4.0), "ring, a slow middle process: 4 D/B");
+  check(near(predict_ring_seconds(slow_end, 1.0, 1.0, 0.0, 0.0), 2.0), "ring, a slow last process: 2 D/B");
+  check(near(predict_doubling_seconds(eight, 1.0, 1.0, 0.0), 7.0), "doubling: (P-1) D/B");
+  check(near(algo_buffer_bytes(AlgoKind::kDoubling, 8, 10.0, 0), 80.0) &&
+            near(algo_buffer_bytes(AlgoKind::kRing, 8, 10.0, 0), 10.0),
+        "receive buffers");
+  AlgoKind a;
+  check(parse_algo("doubling", &a) && a == AlgoKind::kDoubling && !parse_algo("tree", &a) &&
+            algo_setting_error("ring").empty() && algo_setting_error("x") == "R2CCL_ALGO must be auto, direct, ring or doubling",
+        "algorithm names");
+
   return checks_passed("test_plan");
 }
