@@ -179,3 +179,16 @@ def test_xla_collective_after_an_r2ccl_one_in_the_same_program_does_not_deadlock
     rs = run_jax_ranks("mixed_program", 2, local=2, timeout=150)
     for r in rs:
         assert r["result"]["equal"], r
+
+
+@pytest.mark.parametrize("world,local,config", [(3, 2, {"algo": "ring"}), (4, 1, {"max_peers": 1})],
+                         ids=["3x2,algo=ring", "4x1,auto,max_peers=1"])
+def test_every_jax_op_and_dtype_under_the_ring_equals_jax_lax(world, local, config):
+    """jax_r2ccl.psum and friends inside shard_map under jit (tests/jax_workers.py:matrix) with
+    the ring (and, past R2CCL_MAX_PEERS = 1, doubling for the small all-reduces): every op and
+    dtype against jax.lax, bit for bit where the order is exact."""
+    rs = run_jax_ranks("matrix", world, local=local, config=config, timeout=240)
+    for i, r in enumerate(rs):
+        res = r["result"]
+        assert res["devices"] == world * local
+        assert res["bad"] == [], f"process {i}: {res['bad'][:5]}"

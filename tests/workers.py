@@ -659,6 +659,24 @@ def algos_bit_exact(ep, rank, world, capacities, cases, local=1):
     return out
 
 
+def repeated_all_reduces(ep, rank, world, algos, count=1_000_003, reps=4):
+    """Back-to-back large all-reduces under each algorithm, each checked bit for bit (a
+    process that finished early and went on found its partner's last round missing: the
+    doubling op could finish before posting it)."""
+    from jax_r2ccl.transport.host_collectives import HostCollectives
+    hc = HostCollectives(ep)
+    pr = list(range(world))
+    ins = {r: _rank_input("all_reduce", "float32", count, r, seed=11) for r in pr}
+    ref = host_reference("all_reduce", "sum", [ins[r] for r in pr], pr)[rank].tobytes()
+    wrong = 0
+    for algo in algos:
+        for _ in range(reps):
+            out = hc.run("all_reduce", [ins[rank]], process_of_rank=pr, my_ranks=[rank], algo=algo)
+            wrong += int(out[0].tobytes() != ref)
+    hc.close()
+    return {"wrong": wrong, "calls": len(algos) * reps}
+
+
 def ring_connections(ep, rank, world, count=300_007):
     """Connections on demand: which peers this process opened, and its rails up, after
     start-up, after each ring collective (checked bit for bit), and after an all-to-all

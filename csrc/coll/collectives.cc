@@ -196,7 +196,13 @@ class Executor::Op {
       progress = false;
       for (auto& pc : pieces_) progress |= fold(pc);
     }
+    // Once more after the folds: a slot may have arrived (on the engine thread) since the
+    // sends were looked at above, and its round must go out before this op may finish (the
+    // fold can be complete while a later round's send still waits: found under ASan, where a
+    // process finished without sending its last round and its partner waited out its timeout).
+    if (doubling_) post_doubling_sends();
     bool all_done = !plan_pending_ && std::all_of(pieces_.begin(), pieces_.end(), [](const Piece& p) { return p.done; }) &&
+                    std::all_of(rounds_.begin(), rounds_.end(), [](const Round& r) { return r.sent; }) &&
                     std::all_of(msgs_.begin(), msgs_.end(), [](const Msg& m) { return m.req && m.req->finished(); });
     if (all_done) {
       // Once more: a message that arrived (on the engine thread) after the check above was
@@ -208,10 +214,16 @@ class Executor::Op {
     }
     if (mono_ns() > deadline_ns_) {
       std::set<int> waiting;
+      std::map<int, std::pair<int, int>> what;   // peer -> (receives, sends) not finished
       for (auto& m : msgs_)
-        if (m.req && !m.req->finished()) waiting.insert(m.peer_process);
+        if (m.req && !m.req->finished()) {
+          waiting.insert(m.peer_process);
+          (m.req->kind == Request::kSend ? what[m.peer_process].second : what[m.peer_process].first)++;
+        }
       std::string who;
-      for (int p : waiting) who += (who.empty() ? "" : ", ") + std::to_string(p);
+      for (int p : waiting)
+        who += (who.empty() ? "" : ", ") + std::to_string(p) + " (" + std::to_string(what[p].first) + " receive(s), " +
+               std::to_string(what[p].second) + " send(s))";
       Error e(Cause::kTimeout, waiting.size() == 1 ? *waiting.begin() : -1,
               describe() + " did not complete within " + std::to_string(c_.timeout_s) +
                   " s; still waiting on process(es) " + who +
