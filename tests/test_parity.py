@@ -148,36 +148,31 @@ def test_host_collectives_accept_the_core_names():
     assert list(hc.DTYPES) == names["dtypes"]
 
 
-def test_plan_names_everywhere_are_the_planners():
-    plans = _core.names()["plans"]
+def _names_everywhere(field, names, setting, unknown):
+    """A planner's names (R2CCL_PLAN's, R2CCL_ALGO's) are the bench's --FIELD choices, each is
+    explained in the setting's doc, and the setting takes them and refuses others by name."""
     from jax_r2ccl.tools.bench import collective
-    from jax_r2ccl.tools.sim import plans as sim_plans
     p = argparse.ArgumentParser()
     collective.add_args(p)
-    choices = next(a.choices for a in p._actions if "--plan" in a.option_strings)
-    assert list(choices) == plans
+    choices = next(a.choices for a in p._actions if f"--{field}" in a.option_strings)
+    assert list(choices) == names
+    doc = next(s.doc for s in SETTINGS if s.field == field)
+    for name in names:
+        assert f"{name}:" in doc, f"{setting}'s doc does not explain {name}"
+    assert getattr(config.Config.from_env(env={}, **{field: names[-1]}), field) == names[-1]
+    with pytest.raises(config.R2cclError, match=f"{setting} must be " + ", ".join(names[:-1]) + " or " + names[-1]):
+        config.Config.from_env(env={}, **{field: unknown})
+
+
+def test_plan_names_everywhere_are_the_planners():
+    from jax_r2ccl.tools.sim import plans as sim_plans
+    plans = _core.names()["plans"]
+    _names_everywhere("plan", plans, "R2CCL_PLAN", "fastest")
     assert sorted(sim_plans.PLANS) == sorted(plans)
-    doc = next(s.doc for s in SETTINGS if s.field == "plan")
-    for name in plans:
-        assert f"{name}:" in doc, f"R2CCL_PLAN's doc does not explain {name}"
-    assert config.Config.from_env(env={}, plan=plans[-1]).plan == plans[-1]
-    with pytest.raises(config.R2cclError, match="R2CCL_PLAN must be " + ", ".join(plans[:-1]) + " or " + plans[-1]):
-        config.Config.from_env(env={}, plan="fastest")
 
 
 def test_algorithm_names_everywhere_are_the_planners():
-    algos = _core.names()["algos"]
-    from jax_r2ccl.tools.bench import collective
-    p = argparse.ArgumentParser()
-    collective.add_args(p)
-    choices = next(a.choices for a in p._actions if "--algo" in a.option_strings)
-    assert list(choices) == algos
-    doc = next(s.doc for s in SETTINGS if s.field == "algo")
-    for name in algos:
-        assert f"{name}:" in doc, f"R2CCL_ALGO's doc does not explain {name}"
-    assert config.Config.from_env(env={}, algo=algos[-1]).algo == algos[-1]
-    with pytest.raises(config.R2cclError, match="R2CCL_ALGO must be " + ", ".join(algos[:-1]) + " or " + algos[-1]):
-        config.Config.from_env(env={}, algo="tree")
+    _names_everywhere("algo", _core.names()["algos"], "R2CCL_ALGO", "tree")
     with pytest.raises(config.R2cclError, match="R2CCL_MAX_PEERS"):
         config.Config.from_env(env={}, max_peers=0)
 
