@@ -221,11 +221,17 @@ def bed_with_servers(hosts: int):
         tb.down()
 
 
+@pytest.fixture(scope="class")
+def two_hosts():
+    yield from bed_with_servers(2)
+
+
 @needs_bed
+@pytest.mark.usefixtures("two_hosts")
 class TestTwoHosts:
-    @pytest.fixture(scope="class")
-    def bed(self):
-        yield from bed_with_servers(2)
+    @pytest.fixture
+    def bed(self, two_hosts):
+        return two_hosts
 
     def test_layout_addresses_and_shaping(self, bed):
         assert bed["hosts"] == 2 and bed["nics"] == 2 and bed["rate"] == RATE
@@ -331,11 +337,17 @@ class TestTwoHosts:
 
 # ------------------------------------------------------------------------------- 3 hosts, a switch
 
+@pytest.fixture(scope="class")
+def three_hosts_on_a_switch():
+    yield from bed_with_servers(3)
+
+
 @needs_bed
+@pytest.mark.usefixtures("three_hosts_on_a_switch")
 class TestSwitch:
-    @pytest.fixture(scope="class")
-    def bed(self):
-        yield from bed_with_servers(3)
+    @pytest.fixture
+    def bed(self, three_hosts_on_a_switch):
+        return three_hosts_on_a_switch
 
     def test_switch_layout_and_reach(self, bed):
         assert tb.namespaces() == ["r3h0", "r3h1", "r3h2", "r3sw"]
