@@ -746,44 +746,65 @@ def plans_bit_exact(ep, rank, world, capacities, cases, local=1):
     return out
 
 
+class _MonitoredAllReduce:
+    """The set-up the loop workers share: the health monitor feeding the planner (as
+    jax_r2ccl.initialize() runs it), one float32 all-reduce input per process and its
+    canonical reference; loop() runs it `iters` times, every output checked bit for bit,
+    while rank 0 runs fault_cmd fault_after_s in."""
+
+    def __init__(self, ep, rank, world, count, seed):
+        from jax_r2ccl.transport.health import HealthMonitor
+        from jax_r2ccl.transport.host_collectives import HostCollectives
+        self.rank = rank
+        self.mon = HealthMonitor(ep)
+        self.hc = HostCollectives(ep)
+        self.hc.set_capacity(self.mon)
+        self.pr = list(range(world))
+        ins = {r: _rank_input("all_reduce", "float32", count, r, seed=seed) for r in self.pr}
+        self.mine = ins[rank]
+        self.ref = host_reference("all_reduce", "sum", [ins[r] for r in self.pr], self.pr)[rank].tobytes()
+
+    def loop(self, iters, fault_cmd, fault_after_s, after_each):
+        """Returns (wrong, times); after_each() runs after every call (to record its plan)."""
+        timer = None
+        if fault_cmd and self.rank == 0:
+            timer = threading.Timer(fault_after_s, lambda: subprocess.run(fault_cmd, shell=True, check=True, timeout=30))
+            timer.start()
+        wrong, times = 0, []
+        for _ in range(iters):
+            t0 = time.monotonic()
+            out = self.hc.run("all_reduce", [self.mine], process_of_rank=self.pr, my_ranks=[self.rank])
+            times.append(time.monotonic() - t0)
+            wrong += int(out[0].tobytes() != self.ref)
+            after_each()
+        if timer:
+            timer.join()
+        return wrong, times
+
+    def stop_monitor(self):
+        self.hc.set_capacity(None)
+        self.mon.close()
+
+
 def ring_scale_loop(ep, rank, world, count, iters, fault_cmd=None, fault_after_s=1.0, victim=-1):
     """A job that scales: the peers this process opened and its rails up after start-up and
     after an all-reduce loop (the health monitor running, as jax_r2ccl.initialize() runs it);
     rank 0 runs fault_cmd mid-loop. Every output checked bit for bit. No barrier: that would
     talk to every process; tiny ring all-reduces fence the looks instead."""
-    from jax_r2ccl.transport.health import HealthMonitor
-    from jax_r2ccl.transport.host_collectives import HostCollectives
-
     def rails_up():
         return sum(s["state"] == "up" for p in range(world) if p != rank for s in ep.rail_stats(p))
     start = {"opened": ep.opened_peers(), "rails_up": rails_up()}
-    mon = HealthMonitor(ep)
-    hc = HostCollectives(ep)
-    hc.set_capacity(mon)
-    pr = list(range(world))
-    ins = {r: _rank_input("all_reduce", "float32", count, r, seed=7) for r in pr}
-    ref = host_reference("all_reduce", "sum", [ins[r] for r in pr], pr)[rank].tobytes()
+    job = _MonitoredAllReduce(ep, rank, world, count, seed=7)
+    hc, pr = job.hc, job.pr
     fence = [np.zeros(1, np.int32)]
     hc.run("all_reduce", fence, process_of_rank=pr, my_ranks=[rank], algo="ring")
-    timer = None
-    if fault_cmd and rank == 0:
-        timer = threading.Timer(fault_after_s, lambda: subprocess.run(fault_cmd, shell=True, check=True, timeout=30))
-        timer.start()
-    wrong, times, algos = 0, [], set()
-    for _ in range(iters):
-        t0 = time.monotonic()
-        out = hc.run("all_reduce", [ins[rank]], process_of_rank=pr, my_ranks=[rank])
-        times.append(time.monotonic() - t0)
-        wrong += int(out[0].tobytes() != ref)
-        algos.add(hc.last_plan()["algo"])
-    if timer:
-        timer.join()
+    algos = set()
+    wrong, times = job.loop(iters, fault_cmd, fault_after_s, lambda: algos.add(hc.last_plan()["algo"]))
     hc.run("all_reduce", fence, process_of_rank=pr, my_ranks=[rank], algo="ring")
     end = {"opened": ep.opened_peers(), "rails_up": rails_up()}
     failures = sum(s["failures"] for p in range(world) if p != rank for s in ep.rail_stats(p))
     hc.run("all_reduce", fence, process_of_rank=pr, my_ranks=[rank], algo="ring")
-    hc.set_capacity(None)
-    mon.close()
+    job.stop_monitor()
     hc.close()
     return {"wrong": wrong, "times": times, "algos": sorted(algos), "start": start, "end": end,
             "rails_per_peer": len(ep.rail_stats((rank + 1) % world)), "rail_failures": failures}
@@ -793,33 +814,17 @@ def replan_loop(ep, rank, world, count, iters, fault_cmd=None, fault_after_s=1.0
     """All-reduces in a loop with the health monitor feeding the planner (R2CCL_PLAN=auto);
     rank 0 runs fault_cmd mid-loop. Every output checked bit for bit; the plan of every
     call recorded."""
-    from jax_r2ccl.transport.health import HealthMonitor
-    from jax_r2ccl.transport.host_collectives import HostCollectives
-    mon = HealthMonitor(ep)
-    hc = HostCollectives(ep)
-    hc.set_capacity(mon)
-    pr = list(range(world))
-    ins = {r: _rank_input("all_reduce", "float32", count, r, seed=5) for r in pr}
-    ref = host_reference("all_reduce", "sum", [ins[r] for r in pr], pr)[rank].tobytes()
+    job = _MonitoredAllReduce(ep, rank, world, count, seed=5)
     barrier(ep, rank, world)
-    timer = None
-    if fault_cmd and rank == 0:
-        timer = threading.Timer(fault_after_s, lambda: subprocess.run(fault_cmd, shell=True, check=True, timeout=30))
-        timer.start()
-    plans, wrong, times = [], 0, []
-    for i in range(iters):
-        t0 = time.monotonic()
-        out = hc.run("all_reduce", [ins[rank]], process_of_rank=pr, my_ranks=[rank])
-        times.append(time.monotonic() - t0)
-        wrong += int(out[0].tobytes() != ref)
-        lp = hc.last_plan()
+    plans = []
+
+    def record():
+        lp = job.hc.last_plan()
         plans.append({"plan": lp["plan"], "shares": lp["shares"], "capacities": lp["capacities"]})
-    if timer:
-        timer.join()
-    hc.set_capacity(None)
-    mon.close()
+    wrong, times = job.loop(iters, fault_cmd, fault_after_s, record)
+    job.stop_monitor()
     barrier(ep, rank, world)
-    hc.close()
+    job.hc.close()
     return {"wrong": wrong, "plans": plans, "times": times}
 
 
