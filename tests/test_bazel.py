@@ -100,8 +100,11 @@ def bazel_build(tmp_path_factory):
     cache = out / "repository-cache"
     f = subprocess.run([_bazel(), "fetch", f"--repository_cache={cache}", "//..."], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=1200)
+    # --nocache_test_results: every test runs in this process tree. Bazel's output base
+    # outlives the checkout (~/.cache/bazel, keyed by the workspace's path), so a machine that
+    # ran this before would otherwise report the earlier run's results as "(cached) PASSED".
     r = subprocess.run([_bazel(), "test", f"--repository_cache={cache}", "--symlink_prefix=/",
-                        "--spawn_strategy=standalone", "//..."],
+                        "--spawn_strategy=standalone", "--nocache_test_results", "//..."],
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=2400)
     downloaded = [str(p) for p in cache.rglob("*") if p.is_file()] if cache.exists() else []
     (out / "bazel-test.log").write_text(f.stdout + f.stderr + r.stdout + r.stderr)
@@ -117,7 +120,9 @@ def test_bazel_test_runs_every_cpp_test_offline(bazel_build):
     assert downloaded == [], downloaded
     text = r.stdout + r.stderr
     assert r.returncode == 0, text[-6000:]
-    passed = set(re.findall(r"//:(test_\w+)\s+PASSED", text))
+    passed = set(re.findall(r"//:(test_\w+)\s+PASSED", text))   # "(cached) PASSED" does not count
+    ran = re.search(r"Executed (\d+) out of (\d+) tests", text)
+    assert ran and ran.group(1) == ran.group(2), text[-4000:]
     assert {Path(p).stem for p in glob.glob(str(ROOT / "tests/cpp/*.cc"))} <= passed, text[-4000:]
 
 

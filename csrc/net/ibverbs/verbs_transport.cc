@@ -56,13 +56,17 @@ std::string gpudirect_report() { return "not built (no verbs backend in this bui
 
 #include <algorithm>
 #include <cerrno>
+#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <random>
 #include <set>
+#include <system_error>
+#include <thread>
 #include <vector>
 
 #include "net/ibverbs/verbs_api.h"
@@ -115,9 +119,60 @@ struct Device {
   std::map<int, int> watchers;              // eventfd -> port: links to wake on a change
 
   ~Device() {
+    {
+      std::lock_guard<std::mutex> g(reap_mu);
+      reap_stop = true;
+    }
+    reap_cv.notify_one();
+    if (reaper.joinable()) reaper.join();   // every retired link's resources are released first
     if (pd) api->dealloc_pd(pd);
     if (ctx) api->close_device(ctx);
   }
+
+  // Releases a dead link's verbs resources on the device's own thread, not the caller's.
+  // Destroying a QP can block in the kernel: Soft-RoCE (Debian's 6.1 kernel) took 3.1 s for
+  // a QP whose port had just gone down, and the link dies on the progress thread, which
+  // carries every other rail: that froze the job's surviving rails for 3 s, and the peer
+  // failed them as silent. The thread starts at the first retire(); the destructor waits
+  // for it. If it cannot start, the job runs here, as before.
+  void retire(std::function<void()> job) {
+    std::unique_lock<std::mutex> g(reap_mu);
+    if (!reaper.joinable()) {
+      try {
+        reaper = std::thread([this] { reap(); });
+      } catch (const std::system_error&) {
+        g.unlock();
+        job();
+        return;
+      }
+    }
+    reap_jobs.push_back(std::move(job));
+    g.unlock();
+    reap_cv.notify_one();
+  }
+
+ private:
+  std::mutex reap_mu;
+  std::condition_variable reap_cv;
+  std::deque<std::function<void()>> reap_jobs;
+  bool reap_stop = false;
+  std::thread reaper;
+
+  void reap() {
+    name_this_thread("r2ccl-verbs-reap");
+    std::unique_lock<std::mutex> g(reap_mu);
+    for (;;) {
+      reap_cv.wait(g, [this] { return reap_stop || !reap_jobs.empty(); });
+      if (reap_jobs.empty()) return;   // stopping, and nothing is left to release
+      std::function<void()> job = std::move(reap_jobs.front());
+      reap_jobs.pop_front();
+      g.unlock();
+      job();
+      g.lock();
+    }
+  }
+
+ public:
 
   bool query_active(int port, std::string* why) {
     ibv_port_attr pa{};
@@ -253,27 +308,32 @@ class VerbsLink final : public FrameLink {
 
   ~VerbsLink() override {
     at_.dev->unwatch(ready_fd_);
-    const int64_t t0 = now_ns();
-    if (qp_) api_->destroy_qp(qp_);
-    const int64_t t1 = now_ns();
-    if (scq_) {
-      if (scq_events_) api_->ack_cq_events(scq_, scq_events_);
-      api_->destroy_cq(scq_);
-    }
-    if (rcq_) {
-      if (rcq_events_) api_->ack_cq_events(rcq_, rcq_events_);
-      api_->destroy_cq(rcq_);
-    }
-    if (ch_) api_->destroy_comp_channel(ch_);
-    const int64_t t2 = now_ns();
-    if (mr_) api_->dereg_mr(mr_);
-    std::free(mem_);
-    const int64_t t3 = now_ns();
-    if (t3 - t0 > 10000000)
-      R2_INFO("%s: teardown took %.0f ms (QP %.0f, CQs %.0f, MR %.0f)", desc_.c_str(), (t3 - t0) / 1e6, (t1 - t0) / 1e6,
-              (t2 - t1) / 1e6, (t3 - t2) / 1e6);
     if (epfd_ >= 0) ::close(epfd_);
     if (ready_fd_ >= 0) ::close(ready_fd_);
+    // The QP, CQs, channel and registered memory go on the device's thread (Device::retire):
+    // nothing else refers to them (frames were copied into mem_, which dies with them).
+    at_.dev->retire([api = api_, qp = qp_, scq = scq_, scq_events = scq_events_, rcq = rcq_,
+                     rcq_events = rcq_events_, ch = ch_, mr = mr_, mem = mem_, desc = desc_] {
+      const int64_t t0 = now_ns();
+      if (qp) api->destroy_qp(qp);
+      const int64_t t1 = now_ns();
+      if (scq) {
+        if (scq_events) api->ack_cq_events(scq, scq_events);
+        api->destroy_cq(scq);
+      }
+      if (rcq) {
+        if (rcq_events) api->ack_cq_events(rcq, rcq_events);
+        api->destroy_cq(rcq);
+      }
+      if (ch) api->destroy_comp_channel(ch);
+      const int64_t t2 = now_ns();
+      if (mr) api->dereg_mr(mr);
+      std::free(mem);
+      const int64_t t3 = now_ns();
+      if (t3 - t0 > 10000000)
+        R2_INFO("%s: teardown took %.0f ms (QP %.0f, CQs %.0f, MR %.0f), off the progress thread", desc.c_str(),
+                (t3 - t0) / 1e6, (t1 - t0) / 1e6, (t2 - t1) / 1e6, (t3 - t2) / 1e6);
+    });
   }
 
   // The accepting side: our record for the connector (our QP moved to RTS against theirs).

@@ -35,6 +35,9 @@
 //    rest: kIo); an IBV_EVENT_PORT_ERR on the link's port fails it at once (kUnreachable),
 //    and a dial on a port that is not ACTIVE fails the same way, so failback re-creates the
 //    QPs once the port is ACTIVE again; EOF on the bootstrap socket is kClosedByPeer.
+//  - Teardown: a link's QP, CQs and registered memory are released on its device's own
+//    thread, never the caller's (the progress thread, which carries the other rails):
+//    destroying a QP can block in the kernel for seconds after its port went down.
 // Knows verbs and the seam; nothing of rails, the frame format's fields, collectives or JAX.
 #pragma once
 #include <memory>
