@@ -239,6 +239,12 @@ class Executor::Op {
     std::lock_guard<std::mutex> g(step_mu_);
     finish(&e);
   }
+  // The executor closed with this op unfinished: it fails with kClosed, naming itself.
+  void abort_closed() {
+    abort(Error(Cause::kClosed, -1,
+                describe() + " was still in flight when jax_r2ccl closed (shutdown() waits up to R2CCL_TIMEOUT "
+                             "for the collectives in flight, then fails the rest)"));
+  }
 
  private:
   struct Msg {
@@ -280,6 +286,7 @@ class Executor::Op {
         if (m.req && !m.req->finished()) ep_.cancel(m.req, Cause::kTimeout, "collective abandoned: " + std::string(e->what()));
       }
     if (c_.done) c_.done(e);
+    ex_->op_finished();
     return true;
   }
 
@@ -1042,6 +1049,10 @@ void Executor::submit(ProcessCall call) {
     return;
   }
   note_ran(call.tag);
+  {
+    std::lock_guard<std::mutex> g(idle_mu_);
+    unfinished_++;   // until the op's finish(): every op created here finishes exactly once
+  }
   auto op = std::make_shared<Op>(this, *ep_, std::move(call), my_process_, opt_);
   std::weak_ptr<Op> weak = op;
   op->set_wake([waker = waker_, weak] {
@@ -1056,9 +1067,14 @@ void Executor::submit(ProcessCall call) {
     }
     ex->cv_.notify_one();
   });
+  bool stopped;
   {
     std::lock_guard<std::mutex> g(mu_);
-    if (stop_) throw Error(Cause::kClosed, -1, "the collective executor is closed");
+    stopped = stop_;
+  }
+  if (stopped) {   // closed: the call fails through its `done`, like any other failure
+    op->abort_closed();
+    return;
   }
   // Post the first messages from the caller's thread: one thread hop less on the latency
   // path of small collectives. The executor thread takes over from the next completion.
@@ -1066,12 +1082,31 @@ void Executor::submit(ProcessCall call) {
   bool wake;
   {
     std::lock_guard<std::mutex> g(mu_);
+    // Closed meanwhile: the loop has taken its last look at incoming_, so this op is ours
+    // to fail (below, without mu_: finishing cancels requests, which waits for the engine).
+    stopped = stop_;
     // A wake-up the engine thread sent before this push may already be consumed: ask the op.
-    wake = !op->completes_inline() || op->wants_executor();
-    incoming_.push_back(std::move(op));
+    wake = !stopped && (!op->completes_inline() || op->wants_executor());
+    if (!stopped) incoming_.push_back(op);
     wake_ = wake_ || wake;
   }
+  if (stopped) {
+    op->abort_closed();
+    return;
+  }
   if (wake) cv_.notify_one();
+}
+
+void Executor::op_finished() {
+  std::lock_guard<std::mutex> g(idle_mu_);
+  if (unfinished_ > 0) unfinished_--;
+  if (unfinished_ == 0) idle_cv_.notify_all();
+}
+
+size_t Executor::drain(double timeout_s) {
+  std::unique_lock<std::mutex> lk(idle_mu_);
+  idle_cv_.wait_for(lk, std::chrono::duration<double>(std::max(0.0, timeout_s)), [&] { return unfinished_ == 0; });
+  return unfinished_;
 }
 
 void Executor::note_ran(uint64_t tag) {
@@ -1150,11 +1185,18 @@ void Executor::loop() {
       }
     }
   }
-  Error closed(Cause::kClosed, -1, "the collective executor was closed with this collective in flight");
-  for (auto& op : active) op->abort(closed);
-  std::lock_guard<std::mutex> g(mu_);
-  for (auto& op : incoming_) op->abort(closed);
-  incoming_.clear();
+  // Every op still here fails, with no executor lock held: an op's abort cancels its requests
+  // (Engine::call waits for the engine thread) while the engine thread's completion callback
+  // may wait for mu_ (the wake-up in submit()). Holding mu_ here deadlocked the two until the
+  // engine call's 30 s deadline; the cancel then failed, and the engine wrote into buffers
+  // freed with the op (the heap corruption at shutdown). submit() fails what arrives later.
+  std::deque<std::shared_ptr<Op>> left;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    left.swap(incoming_);
+  }
+  for (auto& op : active) op->abort_closed();
+  for (auto& op : left) op->abort_closed();
 }
 
 }  // namespace r2ccl::coll

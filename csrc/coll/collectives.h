@@ -89,10 +89,13 @@ struct CollectiveOptions {
 };
 
 // Threads: one executor thread runs every call's steps; submit, run, set_capacity_source,
-// last_plan, ran and close are safe from any thread but the endpoint's engine thread (run
-// and close wait). A call's `done` runs on the executor thread, or on the engine thread
-// when a small all-reduce completes there (Op::try_complete_inline). It shares the
-// endpoint's lifetime (holds it); close() it before the endpoint is closed.
+// last_plan, ran, drain and close are safe from any thread but the endpoint's engine thread
+// (run, drain and close wait). A call's `done` runs exactly once: on the executor thread, on
+// the engine thread when a small all-reduce completes there (Op::try_complete_inline), or on
+// the submitting or closing thread when the call fails at its start or at close. No lock of
+// the executor is held while an op finishes (its `done` and its cancels may wait for the
+// engine thread, whose completion callbacks take those locks). It shares the endpoint's
+// lifetime (holds it); close() it before the endpoint is closed.
 class Executor : public std::enable_shared_from_this<Executor> {
  public:
   Executor(std::shared_ptr<Endpoint> ep, int my_process, CollectiveOptions opt = {});
@@ -111,6 +114,13 @@ class Executor : public std::enable_shared_from_this<Executor> {
   // The most collectives this executor held in flight at once since it started (any thread).
   size_t peak_in_flight() const { return peak_active_.load(); }
   int my_process() const { return my_process_; }
+  // Waits until no call submitted here is still running, at most `timeout_s`; returns how
+  // many still run (0: idle). Calls submitted meanwhile are waited for too. Any thread but
+  // the endpoint's engine thread.
+  size_t drain(double timeout_s);
+  // Stops the executor. Every call submitted and not yet finished fails with kClosed (its
+  // `done` runs, naming the collective), and so does every call submitted from now on:
+  // nothing submitted is ever left without its `done`. Waits for the executor thread.
   void close();
 
   class Op;
@@ -125,6 +135,8 @@ class Executor : public std::enable_shared_from_this<Executor> {
  private:
   void loop();
   void note_ran(uint64_t tag);
+  // An op ran its `done` (any thread): counted for drain().
+  void op_finished();
   static constexpr size_t kRanKept = 4096;
   std::mutex ran_mu_;
   std::unordered_set<uint64_t> ran_set_;
@@ -146,6 +158,10 @@ class Executor : public std::enable_shared_from_this<Executor> {
   };
   std::shared_ptr<Waker> waker_;
   std::deque<std::shared_ptr<Op>> incoming_;
+  // Calls submitted and not finished (drain()); a mutex of its own, never held with another.
+  std::mutex idle_mu_;
+  std::condition_variable idle_cv_;
+  size_t unfinished_ = 0;
   std::thread thread_;
   std::mutex plan_mu_;
   std::function<double()> capacity_;

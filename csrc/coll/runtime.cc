@@ -71,6 +71,30 @@ void Runtime::close() {
       if (c.done) c.done(&e);
 }
 
+Runtime::CallToken Runtime::enter_call() {
+  {
+    std::lock_guard<std::mutex> g(calls_mu_);
+    calls_++;
+  }
+  // The token's deleter holds the runtime: whichever thread drops the last copy ends the call.
+  std::shared_ptr<Runtime> self = shared_from_this();
+  return CallToken(static_cast<void*>(this), [self](void*) {
+    std::lock_guard<std::mutex> g(self->calls_mu_);
+    if (--self->calls_ == 0) self->calls_cv_.notify_all();
+  });
+}
+
+size_t Runtime::drain(double timeout_s) {
+  std::unique_lock<std::mutex> lk(calls_mu_);
+  calls_cv_.wait_for(lk, std::chrono::duration<double>(std::max(0.0, timeout_s)), [&] { return calls_ == 0; });
+  return calls_;
+}
+
+size_t Runtime::calls_in_progress() const {
+  std::lock_guard<std::mutex> g(calls_mu_);
+  return calls_;
+}
+
 void Runtime::watchdog() {
   std::unique_lock<std::mutex> lk(mu_);
   const auto limit = static_cast<int64_t>(timeout_s_ * 1e9);

@@ -48,7 +48,7 @@ struct DeviceCall {
 // thread but the engine's. A watchdog thread of its own fails local rendezvous that never
 // complete. It shares the endpoint's and the executor's lifetime (holds both); a custom
 // call that found it through current() holds it, and so them, until the call is done.
-class Runtime {
+class Runtime : public std::enable_shared_from_this<Runtime> {
  public:
   Runtime(std::shared_ptr<Endpoint> ep, std::shared_ptr<Executor> ex, int my_process, double timeout_s);
   ~Runtime();
@@ -63,6 +63,18 @@ class Runtime {
   // Stops the watchdog; local rendezvous still waiting fail with kClosed, and later calls
   // fail at once. Idempotent; any thread but the engine's.
   void close();
+
+  // A custom call in progress: taken at the handler's entry and held until the call's
+  // completion has been delivered to XLA (CPU: its future set; CUDA: the handler returned).
+  // Dropping the last copy ends it. It holds the runtime (and so the executor and the
+  // endpoint) alive: nothing a call touches is freed before its completion was delivered.
+  using CallToken = std::shared_ptr<void>;
+  CallToken enter_call();
+  // Waits until no custom call is in progress, at most `timeout_s`; returns how many still
+  // are. Calls that start meanwhile (computations XLA had already enqueued) are served and
+  // waited for too. Any thread but the engine's and the executor's.
+  size_t drain(double timeout_s);
+  size_t calls_in_progress() const;
 
   // groups[g][r] = the process of rank r of group g. Registering the same id again with the
   // same layout is a no-op; with another layout it is an error.
@@ -126,6 +138,10 @@ class Runtime {
   // Process-level calls handed to the executor and not yet done (shared: a call may finish
   // after this runtime was uninstalled).
   std::shared_ptr<std::atomic<int>> in_flight_ = std::make_shared<std::atomic<int>>(0);
+  // Custom calls in progress (enter_call / drain); a mutex of its own, never held with another.
+  mutable std::mutex calls_mu_;
+  std::condition_variable calls_cv_;
+  size_t calls_ = 0;
   std::condition_variable watch_cv_;
   bool stop_ = false;
   std::thread watch_;

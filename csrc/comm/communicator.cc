@@ -2,6 +2,7 @@
 #include "comm/communicator.h"
 
 #include "base/error.h"
+#include "base/log.h"
 
 namespace r2ccl::comm {
 
@@ -39,6 +40,21 @@ bool Communicator::closed() const {
   std::lock_guard<std::mutex> g(mu_);
   return closed_;
 }
+
+size_t Communicator::drain(double timeout_s) {
+  const int64_t t0 = now_ns();
+  const size_t before = rt_->calls_in_progress();
+  const size_t left = rt_->drain(timeout_s);
+  const double waited_ms = static_cast<double>(now_ns() - t0) / 1e6;
+  if (left > 0)
+    R2_WARN("shutdown: %zu collective call(s) still in progress after %.0f ms (R2CCL_TIMEOUT or shutdown's "
+            "timeout): closing fails them with cause closed", left, waited_ms);
+  else if (before > 0)
+    R2_INFO("shutdown: waited %.1f ms for the collective calls in progress", waited_ms);
+  return left;
+}
+
+size_t Communicator::calls_in_progress() const { return rt_->calls_in_progress(); }
 
 void Communicator::close() {
   {

@@ -37,14 +37,22 @@ class Communicator {
   int my_process() const { return my_process_; }
   bool closed() const;
 
+  // Waits, at most `timeout_s`, until no custom call is in progress (Runtime::drain): the
+  // first half of a safe shutdown, before close(). Calls that start meanwhile are served.
+  // Returns how many are still in progress (close() then fails them with kClosed).
+  size_t drain(double timeout_s);
+  size_t calls_in_progress() const;
+
   // The shutdown order, each step before the next (idempotent):
   //  1. the runtime is uninstalled (a custom call from now on fails with kClosed) and
   //     closed (local ranks waiting for the others fail with kClosed);
   //  2. the monitor stops steering the endpoint (no weight or NIC change after this);
   //  3. the planner forgets the monitor, and the executor stops (its pending calls fail);
   //  4. the endpoint closes (its pending requests fail with kClosed).
-  // A custom call still running holds the runtime (and through it the executor and the
-  // endpoint) alive until it returns; it only finds them closed.
+  // Every call still in progress gets its completion (an error with cause kClosed naming
+  // it) before close() returns, except a CUDA handler's, which returns on its own thread
+  // once its chunks failed. A custom call holds the runtime (and through it the executor and
+  // the endpoint) alive until its completion was delivered; it only finds them closed.
   void close();
 
  private:

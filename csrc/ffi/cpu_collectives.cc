@@ -26,13 +26,25 @@ namespace {
 constexpr uint64_t kSyncWaitMaxBytes = coll::kSmallCollectiveBytes;
 
 // Who completes a call's future: XLA's thread, while it still waits in the handler, or the
-// completion pool afterwards.
+// completion pool afterwards. `active` is the call's token (Runtime::enter_call): let go
+// right after the future was set, so shutdown's drain never sees a call ended whose
+// completion XLA has not got, and never releases the runtime on the executor's or the
+// engine's thread (the future is set on XLA's thread or a pool thread).
 struct Waiter {
   std::mutex mu;
   std::condition_variable cv;
   bool waiting = true;
   bool done = false;
   std::optional<xffi::Error> error;
+  coll::Runtime::CallToken active;
+
+  void delivered() {
+    coll::Runtime::CallToken t;
+    {
+      std::lock_guard<std::mutex> g(mu);
+      t = std::move(active);
+    }
+  }
 };
 
 
@@ -46,6 +58,7 @@ xffi::Future ready_error(const xffi::Error& e) {
 // local ranks must hear that this one will not come) and whether the runtime took it.
 struct Progress {
   std::shared_ptr<coll::Runtime> rt;
+  coll::Runtime::CallToken active;   // from entry; the Waiter takes it over once the call is handed on
   coll::DeviceCall call;
   bool decoded = false;
   bool handed = false;
@@ -56,6 +69,7 @@ xffi::Future collective_body(Progress& pr, xffi::RunId run_id, xffi::AnyBuffer x
                              int64_t op_id, int64_t kind, int64_t reduce_op, int64_t root) {
   pr.rt = coll::Runtime::current();
   if (!pr.rt) return ready_error(invalid("jax_r2ccl.initialize() has not been called in this process"));
+  pr.active = pr.rt->enter_call();
   coll::DeviceCall& c = pr.call;
   std::string bad = decode(c, static_cast<uint64_t>(run_id.run_id), x, group.typed_data()[0], rank.typed_data()[0],
                            *out, comm_id, op_id, kind, reduce_op, root);
@@ -65,6 +79,7 @@ xffi::Future collective_body(Progress& pr, xffi::RunId run_id, xffi::AnyBuffer x
   xffi::Promise promise;
   xffi::Future future(promise);
   auto w = std::make_shared<Waiter>();
+  w->active = pr.active;
   c.done = [promise, w](const Error* e) mutable {
     std::optional<xffi::Error> err;
     if (e) err = to_ffi_error(*e);
@@ -79,9 +94,15 @@ xffi::Future collective_body(Progress& pr, xffi::RunId run_id, xffi::AnyBuffer x
     }
     // XLA continues the program on the thread that completes the future: never ours.
     if (!err) {
-      CompletionPool::instance().run([promise]() mutable { promise.SetAvailable(); });
+      CompletionPool::instance().run([promise, w]() mutable {
+        promise.SetAvailable();
+        w->delivered();
+      });
     } else {
-      CompletionPool::instance().run([promise, err = *err]() mutable { promise.SetError(err); });
+      CompletionPool::instance().run([promise, w, err = *err]() mutable {
+        promise.SetError(err);
+        w->delivered();
+      });
     }
   };
   const uint64_t bytes = c.count * static_cast<uint64_t>(coll::dtype_size(c.dtype));
@@ -96,12 +117,14 @@ xffi::Future collective_body(Progress& pr, xffi::RunId run_id, xffi::AnyBuffer x
   if (!w->done && alone && bytes <= kSyncWaitMaxBytes && wait_us > 0)
     w->cv.wait_for(lk, std::chrono::microseconds(wait_us), [&] { return w->done; });
   w->waiting = false;
-  if (!w->done) return future;
+  if (!w->done) return future;   // the pool sets it, then lets go of the token
+  lk.unlock();
   if (w->error)
     promise.SetError(*w->error);
   else
     promise.SetAvailable();
-  return future;
+  w->delivered();
+  return future;   // pr.active goes with the handler's return
 }
 
 // Nothing thrown below may reach XLA: an exception becomes the call's error, and a call that

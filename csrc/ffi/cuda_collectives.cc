@@ -28,6 +28,7 @@ namespace {
 
 struct Progress {
   std::shared_ptr<coll::Runtime> rt;
+  coll::Runtime::CallToken active;   // Runtime::enter_call: until the handler returns
   coll::DeviceCall call;
   stage::PipelineOptions opt;
   bool decoded = false;   // group and rank known
@@ -40,6 +41,7 @@ xffi::Error collective_body(Progress& pr, cudaStream_t stream, xffi::RunId run_i
   pr.rt = coll::Runtime::current();
   auto& rt = pr.rt;
   if (!rt) return invalid("jax_r2ccl.initialize() has not been called in this process");
+  pr.active = rt->enter_call();
   coll::DeviceCall& c = pr.call;
   pr.opt.chunk_bytes = rt->config().staging_chunk_bytes;
   pr.opt.timeout_s = rt->config().timeout_s;

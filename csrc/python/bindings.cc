@@ -546,6 +546,10 @@ NB_MODULE(_core, m) {
              d["serial"] = r.serial;
              return d;
            })
+      .def("drain", [](coll::Executor& ex, double timeout) {
+        nb::gil_scoped_release nogil;
+        return ex.drain(timeout);
+      }, nb::arg("timeout"), "Waits up to `timeout` s until no call runs here; returns how many still do.")
       .def("close", [](coll::Executor& ex) {
         nb::gil_scoped_release nogil;
         ex.close();
@@ -677,6 +681,7 @@ NB_MODULE(_core, m) {
         // copy engine: what the CUDA platform runs, minus CUDA.
         auto rt = coll::Runtime::current();
         if (!rt) throw Error(Cause::kInvalidArgument, -1, "no runtime installed");
+        auto active = rt->enter_call();   // as the CUDA handler does: shutdown's drain waits for it
         coll::DeviceCall c;
         if (!coll::parse_kind(kind, &c.kind)) throw Error(Cause::kInvalidArgument, -1, "unknown kind " + kind);
         if (!coll::parse_reduce_op(op, &c.op)) throw Error(Cause::kInvalidArgument, -1, "unknown op " + op);
@@ -737,6 +742,12 @@ NB_MODULE(_core, m) {
       .def_prop_ro("monitor", [](comm::Communicator& c) { return c.monitor(); }, "None when R2CCL_MONITOR_MS=0.")
       .def_prop_ro("my_process", &comm::Communicator::my_process)
       .def_prop_ro("closed", &comm::Communicator::closed)
+      .def("drain", [](comm::Communicator& c, double timeout) {
+        nb::gil_scoped_release nogil;
+        return c.drain(timeout);
+      }, nb::arg("timeout"),
+         "Waits up to `timeout` s until no custom call is in progress; returns how many still are.")
+      .def_prop_ro("calls_in_progress", &comm::Communicator::calls_in_progress)
       .def("close", [](comm::Communicator& c) {
         nb::gil_scoped_release nogil;
         c.close();

@@ -8,8 +8,10 @@ lowered for a mesh. JAX tier: knows the transport tier below, nothing of the too
 from __future__ import annotations
 
 import dataclasses
+import atexit
 import hashlib
 import threading
+import time
 from typing import Sequence
 
 from .. import _core
@@ -44,32 +46,55 @@ class Runtime:
         return self.comm.executor.last_plan()
 
     def close(self, timeout: float | None = None) -> None:
-        """Waits for dispatched computations and (several processes) for every process to
-        get here, then closes the communicator: the runtime, the monitor, the executor and
-        the endpoint, in that order."""
-        import jax
-        try:
-            jax.effects_barrier()
-        except Exception:  # noqa: BLE001 - a failed collective was already reported to its caller
-            pass
-        if self.world > 1:
-            try:
-                from .._compat.jax_kv import distributed_client
-                wait_s = self.config.timeout_s if timeout is None else timeout
-                distributed_client().wait_at_barrier(f"r2ccl/runtime/shutdown/{self.generation}",
-                                                     int(wait_s * 1000))
-            except Exception:  # noqa: BLE001 - a peer that is gone must not hold this one
-                pass
+        """Waits, at most `timeout` s (R2CCL_TIMEOUT), for this process's work in flight, then
+        closes the communicator: the runtime, the monitor, the executor and the endpoint, in
+        that order (peers are told on every rail and fail at once what they still wanted
+        from this process). What is still in flight at the deadline fails with cause
+        `closed`, naming the collective; nothing is left pending.
+
+        The work waited for: every computation whose result is still alive (jit dispatch is
+        asynchronous, so a training loop's last steps are usually still queued: their
+        collectives have not started yet), and every jax_r2ccl collective already started
+        (a custom call whose completion XLA has not got). jax.effects_barrier() waits for
+        neither: the collectives carry no JAX effect (see lowering.py)."""
+        deadline = time.monotonic() + (self.config.timeout_s if timeout is None else timeout)
+        _wait_for_live_arrays(deadline)
+        self.comm.drain(max(0.0, deadline - time.monotonic()))
         if self.monitor is not None:
             self.monitor.mark_closed()
         self.comm.close()
         self.endpoint.close()            # the Python side's part (the C++ endpoint is closed)
 
 
+def _wait_for_live_arrays(deadline: float) -> None:
+    """Waits until every live jax.Array is computed (or failed), at most until `deadline`.
+    On a helper thread: a computation blocked for good (a peer that never comes) must not
+    hold shutdown past its deadline; closing the runtime fails its collective, and so ends it."""
+    import jax
+
+    def wait():
+        try:
+            arrays = jax.live_arrays()
+        except Exception:  # noqa: BLE001 - no backend: nothing was computed
+            return
+        for a in arrays:
+            if time.monotonic() > deadline:
+                return
+            try:
+                a.block_until_ready()
+            except Exception:  # noqa: BLE001 - a failed computation was reported to its caller
+                pass
+
+    t = threading.Thread(target=wait, name="r2ccl-shutdown-wait", daemon=True)
+    t.start()
+    t.join(max(0.0, deadline - time.monotonic()))
+
+
 _lock = threading.Lock()
 _current: Runtime | None = None
 _generation = 0
 _ffi_registered = False
+_atexit_registered = False
 
 
 def current() -> Runtime:
@@ -89,7 +114,7 @@ def initialize(*, nics: Sequence[str] | None = None, config: Config | None = Non
     """Call once per process after jax.distributed.initialize() (a single process needs no
     jax.distributed). Idempotent while initialized; may be called again after shutdown().
     Returns the transport Endpoint."""
-    global _current, _generation, _ffi_registered
+    global _current, _generation, _ffi_registered, _atexit_registered
     import jax
     from ..transport import bootstrap
     from .._compat.jax_kv import process_index_and_count
@@ -119,12 +144,19 @@ def initialize(*, nics: Sequence[str] | None = None, config: Config | None = Non
             _ffi_registered = True
         _current = Runtime(endpoint=ep, comm=comm, monitor=monitor, rank=rank, world=world, config=config,
                            generation=_generation)
+        if not _atexit_registered:
+            # Runs before jax's own exit handlers (registered at import, so called later): the
+            # runtime closes while the backends that run its computations still exist.
+            atexit.register(shutdown)
+            _atexit_registered = True
         return ep
 
 
 def shutdown(timeout: float | None = None) -> None:
-    """Waits for this process's dispatched computations (jax.effects_barrier) and for every
-    process to get here, then stops the runtime. Idempotent."""
+    """Waits, at most `timeout` s (default R2CCL_TIMEOUT), for this process's computations and
+    collectives in flight, then stops the runtime (Runtime.close). Idempotent; also runs at
+    interpreter exit, and safe at any moment (work still in flight at the deadline fails with
+    cause `closed`)."""
     global _current
     with _lock:
         if _current is None:

@@ -106,5 +106,8 @@ class HostCollectives:
         capacities, processes."""
         return self._ex.last_plan()
 
-    def close(self) -> None:
+    def close(self, timeout: float | None = None) -> None:
+        """Waits, at most `timeout` s (default R2CCL_TIMEOUT), for collectives other threads
+        still run here, then stops the executor: what still runs fails with cause `closed`."""
+        self._ex.drain(self._ep.config.timeout_s if timeout is None else timeout)
         self._ex.close()
