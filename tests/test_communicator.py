@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import textwrap
 
-from test_core_faults import SECRET, explain, run_child
+from test_core_faults import SECRET, explain, pair, run_child
 
 ONE = f"""
 import gc, threading, time
@@ -139,4 +139,64 @@ def test_a_communicator_needs_a_process_of_its_endpoint():
         print("OK")
     """)
     r = run_child(code)
+    assert r.returncode == 0 and "OK" in r.stdout, explain(r)
+
+
+def test_closing_an_executor_under_small_collectives_ends_every_call_at_once():
+    # Small all-reduces complete on the engine thread and wait in the executor's queue
+    # without waking it; the peer's halves arrive while the executor closes. Before the fix
+    # the closing executor held its queue lock while each op cancelled its requests (a wait
+    # for the engine thread), and the engine thread, delivering a half, waited for that lock:
+    # every cancel waited out Engine::call's deadline (30 s; 2 s here), then failed, leaving
+    # the engine free to write into buffers freed with the op. Now close() returns at once and
+    # every call has ended (exact, or failed with `closed` naming it).
+    code = pair("""
+        import random, threading
+        a.testing_set_call_timeout(2.0)
+        rng = random.Random(7)
+        worst, ended, exact, closed = 0.0, 0, 0, 0
+        N = 32
+        for rnd in range(25):
+            exa, exb = _core.Collectives(a, 0), _core.Collectives(b, 1)
+            res = {}
+            go = threading.Event()
+            def call(ex, who, i):
+                if who == 1:
+                    go.wait(10)
+                x = np.full(16, float(i + 1), np.float32)
+                y = np.zeros_like(x)
+                try:
+                    ex.run("all_reduce", "float32", "sum", 0, 1000 * rnd + i, [0, 1], [who], [x], [y], 16, 20.0)
+                    res[(who, i)] = "exact" if np.array_equal(y, 2 * x) else "WRONG"
+                except Exception as e:
+                    res[(who, i)] = getattr(e, "cause", "?") + ": " + str(e)[:160]
+            ts = [threading.Thread(target=call, args=(exa, 0, i)) for i in range(N)]
+            tb = [threading.Thread(target=call, args=(exb, 1, i)) for i in range(N)]
+            for t in ts + tb:
+                t.start()
+            time.sleep(0.05)   # a's calls are all posted and wait for b's halves
+            go.set()           # b's halves leave now, while a's executor closes
+            time.sleep(rng.uniform(0.0, 0.002))
+            t0 = time.monotonic()
+            exa.close()
+            worst = max(worst, time.monotonic() - t0)
+            for t in ts:
+                t.join(10)
+            assert not any(t.is_alive() for t in ts), ("a call on the closed executor never ended", rnd, res)
+            exb.close()   # its calls that wanted the closed one fail at once too
+            for t in tb:
+                t.join(10)
+            assert not any(t.is_alive() for t in tb), ("a call on the peer never ended", rnd, res)
+            for k, v in res.items():
+                assert v == "exact" or v.startswith("closed:"), (rnd, k, v)
+                if k[0] == 0:
+                    ended += 1
+                    exact += v == "exact"
+                    closed += v.startswith("closed:") and "all_reduce" in v
+        print("WORST_CLOSE_S", round(worst, 3), "ENDED", ended, "EXACT", exact, "CLOSED_NAMED", closed)
+        assert ended == 25 * N and exact + closed == ended, (ended, exact, closed)
+        assert worst < 1.0, worst
+        print("OK")
+    """)
+    r = run_child(code, timeout=240)
     assert r.returncode == 0 and "OK" in r.stdout, explain(r)
