@@ -76,12 +76,19 @@ def test_closing_the_communicator_fails_a_waiting_local_rendezvous_at_once():
         t.start()
         time.sleep(0.5)
         assert t.is_alive(), res
+        # The staged call (what the CUDA handler runs) counts as in progress: shutdown's drain
+        # waits for it, and gives up at its deadline with the call still there.
+        assert comm.calls_in_progress == 1, comm.calls_in_progress
+        t0 = time.monotonic()
+        assert comm.drain(0.3) == 1
+        assert 0.25 < time.monotonic() - t0 < 5
         t0 = time.monotonic()
         comm.close()
         t.join(10)
         took = time.monotonic() - t0
         print("ERR", repr(res.get("err")), round(took, 3))
         assert not t.is_alive()
+        assert comm.calls_in_progress == 0 and comm.drain(0.0) == 0
         assert res["err"] is not None and "shut down" in str(res["err"]), res
         assert took < 5, took
         assert comm.closed

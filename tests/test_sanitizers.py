@@ -4,7 +4,8 @@ suites with it built under ThreadSanitizer.
 
 Builds jax_r2ccl._core with -DR2CCL_SANITIZE=ON in build/pytest-asan, stages it beside a
 copy of the Python package, and runs tests/test_transport.py, test_health.py, test_plans.py
-test_staging.py, test_core_faults.py, test_communicator.py and test_ring.py in a child pytest with the
+test_staging.py, test_core_faults.py, test_communicator.py, test_ring.py and test_shutdown.py (JAX programs
+shut down with steps in flight) in a child pytest with the
 sanitizer runtimes preloaded (leak checking off: CPython itself does not free everything).
 Any ASan or UBSan report fails the run."""
 
@@ -30,7 +31,11 @@ TSAN_BUILD = ROOT / "build" / "pytest-tsan"
 TSAN_SUITES = ("test_transport.py", "test_health.py", "test_communicator.py", "test_host_collectives.py",
                "test_core_faults.py", "test_staging.py", "test_ring.py")
 TSAN_JAX = ("test_jax_collectives.py::test_xla_collective_after_an_r2ccl_one_in_the_same_program_does_not_deadlock",
-            "test_jax_collectives.py::test_mismatched_shapes_across_processes_fail_everywhere_without_hang")
+            "test_jax_collectives.py::test_mismatched_shapes_across_processes_fail_everywhere_without_hang",
+            # shutdown with steps in flight (issue 32): XLA's threads, the completion pool, the
+            # executor and the engine all finishing calls while the communicator closes
+            "test_shutdown.py::test_shutdown_with_steps_in_flight_waits_for_them_and_every_result_is_exact[2proc]",
+            "test_shutdown.py::test_a_peer_that_closes_first_fails_the_others_calls_at_once")
 
 
 def _runtime(name: str, cxx: str) -> str | None:
@@ -87,7 +92,8 @@ def test_transport_suite_is_clean_under_asan_and_ubsan(tmp_path):
     env["ASAN_OPTIONS"] = "detect_leaks=0:abort_on_error=0:halt_on_error=1:exitcode=86"
     env["UBSAN_OPTIONS"] = "print_stacktrace=1:halt_on_error=1:exitcode=87"
     r = _run_suites(stage, env, ("test_transport.py", "test_health.py", "test_plans.py", "test_staging.py",
-                                 "test_core_faults.py", "test_communicator.py", "test_ring.py"), tmp_path)
+                                 "test_core_faults.py", "test_communicator.py", "test_ring.py", "test_shutdown.py"),
+                    tmp_path)
     report = r.stdout[-8000:] + r.stderr[-4000:]
     assert r.returncode == 0, report
     assert "ERROR: AddressSanitizer" not in report and "runtime error:" not in report, report

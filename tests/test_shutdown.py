@@ -41,6 +41,9 @@ BAD_LINES = re.compile(r"silent for|corrupted|double free|free\(\)|AddressSaniti
                        r"runtime error:|Fatal Python error|Check failure")
 ROUND_LIMIT_S = 240 if SANITIZED else 60      # a hang is killed here, and fails the test
 SHUTDOWN_LIMIT_S = FAST["timeout_s"] / 2    # shutdown never waits out R2CCL_TIMEOUT here
+# A round takes 1.5-4 s here; one that waited out R2CCL_TIMEOUT (20 s) anywhere, at exit
+# included, is over this. Sanitized builds are several times slower: the kill limit only.
+ROUND_WALL_S = ROUND_LIMIT_S if SANITIZED else 15
 
 
 def _env() -> dict:
@@ -77,6 +80,7 @@ def run_round(mode: str, world: int, *, steps: int = 40, elems: int = 1 << 16) -
 
 
 def check_round(mode: str, res: list[dict]) -> None:
+    assert res[0]["wall_s"] < ROUND_WALL_S, f"{mode}: the round took {res[0]['wall_s']:.1f} s"
     for rank, r in enumerate(res):
         tail = r["output"][-4000:]
         assert r["rc"] == 0, f"{mode}: process {rank} exited with {r['rc']}\n{tail}"

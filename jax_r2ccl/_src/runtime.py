@@ -28,7 +28,7 @@ class Runtime:
     """What one initialize() opened: a handle to the process's communicator (_core's
     Communicator, which owns the executor, the monitor and the collective runtime over the
     endpoint, and closes them in order). `generation` numbers initialize/shutdown cycles, so
-    a later cycle's barrier and key names never collide with an earlier one's."""
+    a later cycle's bootstrap keys never collide with an earlier one's."""
     endpoint: Endpoint
     comm: object                     # _core.Communicator
     monitor: HealthMonitor | None    # None when R2CCL_MONITOR_MS=0
