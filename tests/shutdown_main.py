@@ -80,8 +80,18 @@ def main() -> int:
         step = jax.jit(jax.shard_map(local, mesh=mesh, in_specs=(P("p"), P()), out_specs=P("p")))
         inputs = [np.arange(elems, dtype=np.int32) * (p + 1) % 97 for p in range(world)]
         full = np.concatenate(inputs)
-        x0 = jax.make_array_from_callback(full.shape, NamedSharding(mesh, P("p")), lambda i: full[i])
-        return step, inputs, x0, mesh
+        return step, inputs, computed(full, mesh), mesh
+
+    def computed(host, mesh):
+        """`host` as a sharded array made by an XLA computation, not a zero-copy view of numpy
+        memory. Under TSan, jaxlib's deferred release of a numpy-backed buffer (its Python
+        reference manager, synchronised in code TSan does not see) shows as a race between a
+        collective's read and numpy's free on the main thread; a training step's inputs are
+        XLA's buffers, freed by jaxlib (tests/tsan.supp: called_from_lib)."""
+        view = jax.make_array_from_callback(host.shape, NamedSharding(mesh, P("p")), lambda i: host[i])
+        return copy(view)
+
+    copy = jax.jit(lambda v: v + 0)
 
     checks = []
     rounds = 2 if mode == "reinit" else 1
@@ -97,8 +107,7 @@ def main() -> int:
                                             out_specs=P("p")))
                 twice = np.zeros(2 * elems * world, np.int32)
                 try:   # the CPU client may run it at dispatch, and so raise here
-                    x = bad(jax.make_array_from_callback(twice.shape, NamedSharding(mesh, P("p")),
-                                                         lambda i: twice[i]))
+                    x = bad(computed(twice, mesh))
                 except Exception as e:  # noqa: BLE001 - checked below like a failed result
                     x = e
             else:

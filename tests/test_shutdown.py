@@ -11,8 +11,9 @@ for good (a completion never delivered: the process blocked reading a result, an
 PjRtCpuClient's destructor); examples/train_step.py hung, stalled 30 s ("silent for 30000 ms")
 or aborted with "corrupted double-linked list" in about 1 run of 5 under load.
 
-Also run with the core under ASan/UBSan and under TSan (tests/test_sanitizers.py), with fewer
-rounds (R2CCL_SANITIZED_RUN)."""
+31 rounds and 20 runs of the example here; the rounds again with the core under ASan/UBSan
+and under TSan (tests/test_sanitizers.py; fewer, R2CCL_SANITIZED_RUN), and two tests on the
+newest jax of the supported range (.ci/run): exit handlers and live arrays are jax's."""
 
 from __future__ import annotations
 
@@ -96,7 +97,7 @@ def _rounds(n: int) -> int:
     return max(2, n // 5) if SANITIZED else n
 
 
-@pytest.mark.parametrize("world,rounds", [(2, 16), (4, 6)], ids=["2proc", "4proc"])
+@pytest.mark.parametrize("world,rounds", [(2, 10), (4, 4)], ids=["2proc", "4proc"])
 def test_shutdown_with_steps_in_flight_waits_for_them_and_every_result_is_exact(world, rounds):
     # Every process dispatches 40 steps and calls shutdown() at once: shutdown waits for them
     # (the results are exact, checked in the process) and the processes exit 0, promptly.
@@ -111,7 +112,7 @@ def test_shutdown_with_steps_in_flight_waits_for_them_and_every_result_is_exact(
 def test_interpreter_exit_with_steps_in_flight_closes_cleanly():
     # No shutdown() and no look at a result: main() returns with 40 steps queued, and the
     # atexit hook must wait for them and close the runtime before jax's own exit handlers.
-    for _ in range(_rounds(8)):
+    for _ in range(_rounds(6)):
         check_round("exit", run_round("exit", 2))
 
 
@@ -119,7 +120,7 @@ def test_a_peer_that_closes_first_fails_the_others_calls_at_once():
     # Process 1 runs one step and shuts down; process 0 dispatched 40 whose collectives need
     # it: they fail at once with a jax_r2ccl error (the peer said goodbye), not after
     # R2CCL_TIMEOUT, and every result it did get is exact.
-    for _ in range(_rounds(6)):
+    for _ in range(_rounds(4)):
         res = run_round("peer_first", 2)
         check_round("peer_first", res)
         c0 = res[0]["after"]["checks"][0]
@@ -131,7 +132,7 @@ def test_shutdown_racing_a_failing_collective():
     # The last step is a mismatch (process 1 reduces another shape) and shutdown() is called
     # while it fails: the 39 steps before it are exact everywhere, the last fails with a
     # jax_r2ccl error on every process, and every process exits 0.
-    for _ in range(_rounds(6)):
+    for _ in range(_rounds(4)):
         res = run_round("failing", 2)
         check_round("failing", res)
         for r in res:
@@ -140,7 +141,7 @@ def test_shutdown_racing_a_failing_collective():
 
 
 def test_initialize_after_a_shutdown_with_steps_in_flight():
-    for _ in range(_rounds(4)):
+    for _ in range(_rounds(3)):
         res = run_round("reinit", 2)
         check_round("reinit", res)
         for r in res:
