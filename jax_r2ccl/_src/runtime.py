@@ -7,8 +7,8 @@ lowered for a mesh. JAX tier: knows the transport tier below, nothing of the too
 
 from __future__ import annotations
 
-import dataclasses
 import atexit
+import dataclasses
 import hashlib
 import threading
 import time
@@ -68,26 +68,24 @@ class Runtime:
 
 def _wait_for_live_arrays(deadline: float) -> None:
     """Waits until every live jax.Array is computed (or failed), at most until `deadline`.
-    On a helper thread: a computation blocked for good (a peer that never comes) must not
-    hold shutdown past its deadline; closing the runtime fails its collective, and so ends it."""
+    Polls Array.is_ready() instead of blocking: a computation blocked for good (a peer that
+    never comes) must not hold shutdown past its deadline (closing the runtime then fails its
+    collective, and so ends it), and no helper thread is left blocked behind it at exit."""
     import jax
-
-    def wait():
-        try:
-            arrays = jax.live_arrays()
-        except Exception:  # noqa: BLE001 - no backend: nothing was computed
-            return
-        for a in arrays:
+    try:
+        arrays = jax.live_arrays()
+    except Exception:  # noqa: BLE001 - no backend: nothing was computed
+        return
+    for a in arrays:
+        while True:
+            try:
+                if a.is_ready():
+                    break
+            except Exception:  # noqa: BLE001 - a failed computation has ended; its caller sees why
+                break
             if time.monotonic() > deadline:
                 return
-            try:
-                a.block_until_ready()
-            except Exception:  # noqa: BLE001 - a failed computation was reported to its caller
-                pass
-
-    t = threading.Thread(target=wait, name="r2ccl-shutdown-wait", daemon=True)
-    t.start()
-    t.join(max(0.0, deadline - time.monotonic()))
+            time.sleep(0.0005)
 
 
 _lock = threading.Lock()
