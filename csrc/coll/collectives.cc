@@ -1049,10 +1049,7 @@ void Executor::submit(ProcessCall call) {
     return;
   }
   note_ran(call.tag);
-  {
-    std::lock_guard<std::mutex> g(idle_mu_);
-    unfinished_++;   // until the op's finish(): every op created here finishes exactly once
-  }
+  unfinished_.enter();   // until the op's finish(): every op created here finishes exactly once
   auto op = std::make_shared<Op>(this, *ep_, std::move(call), my_process_, opt_);
   std::weak_ptr<Op> weak = op;
   op->set_wake([waker = waker_, weak] {
@@ -1097,17 +1094,9 @@ void Executor::submit(ProcessCall call) {
   if (wake) cv_.notify_one();
 }
 
-void Executor::op_finished() {
-  std::lock_guard<std::mutex> g(idle_mu_);
-  if (unfinished_ > 0) unfinished_--;
-  if (unfinished_ == 0) idle_cv_.notify_all();
-}
+void Executor::op_finished() { unfinished_.leave(); }
 
-size_t Executor::drain(double timeout_s) {
-  std::unique_lock<std::mutex> lk(idle_mu_);
-  idle_cv_.wait_for(lk, std::chrono::duration<double>(std::max(0.0, timeout_s)), [&] { return unfinished_ == 0; });
-  return unfinished_;
-}
+size_t Executor::drain(double timeout_s) { return unfinished_.drain(timeout_s); }
 
 void Executor::note_ran(uint64_t tag) {
   std::lock_guard<std::mutex> g(ran_mu_);

@@ -25,6 +25,7 @@
 
 #include "base/config.h"
 #include "base/error.h"
+#include "base/in_flight.h"
 #include "coll/plan.h"
 #include "coll/reduce.h"
 #include "core/endpoint.h"
@@ -158,10 +159,7 @@ class Executor : public std::enable_shared_from_this<Executor> {
   };
   std::shared_ptr<Waker> waker_;
   std::deque<std::shared_ptr<Op>> incoming_;
-  // Calls submitted and not finished (drain()); a mutex of its own, never held with another.
-  std::mutex idle_mu_;
-  std::condition_variable idle_cv_;
-  size_t unfinished_ = 0;
+  InFlight unfinished_;   // calls submitted and not finished (drain())
   std::thread thread_;
   std::mutex plan_mu_;
   std::function<double()> capacity_;

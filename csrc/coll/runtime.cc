@@ -72,28 +72,15 @@ void Runtime::close() {
 }
 
 Runtime::CallToken Runtime::enter_call() {
-  {
-    std::lock_guard<std::mutex> g(calls_mu_);
-    calls_++;
-  }
+  calls_.enter();
   // The token's deleter holds the runtime: whichever thread drops the last copy ends the call.
   std::shared_ptr<Runtime> self = shared_from_this();
-  return CallToken(static_cast<void*>(this), [self](void*) {
-    std::lock_guard<std::mutex> g(self->calls_mu_);
-    if (--self->calls_ == 0) self->calls_cv_.notify_all();
-  });
+  return CallToken(static_cast<void*>(this), [self](void*) { self->calls_.leave(); });
 }
 
-size_t Runtime::drain(double timeout_s) {
-  std::unique_lock<std::mutex> lk(calls_mu_);
-  calls_cv_.wait_for(lk, std::chrono::duration<double>(std::max(0.0, timeout_s)), [&] { return calls_ == 0; });
-  return calls_;
-}
+size_t Runtime::drain(double timeout_s) { return calls_.drain(timeout_s); }
 
-size_t Runtime::calls_in_progress() const {
-  std::lock_guard<std::mutex> g(calls_mu_);
-  return calls_;
-}
+size_t Runtime::calls_in_progress() const { return calls_.count(); }
 
 void Runtime::watchdog() {
   std::unique_lock<std::mutex> lk(mu_);

@@ -17,6 +17,7 @@
 #include <tuple>
 #include <vector>
 
+#include "base/in_flight.h"
 #include "coll/collectives.h"
 
 namespace r2ccl::coll {
@@ -138,10 +139,7 @@ class Runtime : public std::enable_shared_from_this<Runtime> {
   // Process-level calls handed to the executor and not yet done (shared: a call may finish
   // after this runtime was uninstalled).
   std::shared_ptr<std::atomic<int>> in_flight_ = std::make_shared<std::atomic<int>>(0);
-  // Custom calls in progress (enter_call / drain); a mutex of its own, never held with another.
-  mutable std::mutex calls_mu_;
-  std::condition_variable calls_cv_;
-  size_t calls_ = 0;
+  InFlight calls_;   // custom calls in progress (enter_call / drain)
   std::condition_variable watch_cv_;
   bool stop_ = false;
   std::thread watch_;
