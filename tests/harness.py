@@ -33,28 +33,47 @@ class RankFailed(AssertionError):
     pass
 
 
+def _kill_groups(procs: list) -> None:
+    for q in procs:
+        if q.poll() is None:
+            try:
+                os.killpg(q.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
 def wait_all(procs: list, timeout: float, func: str, stopped=()) -> list[str]:
     """Waits for every process (each in its own session) and returns their outputs; on the
     deadline kills the ones still running, by process group, and raises RankFailed.
     `stopped`: indices of processes that stop themselves (SIGSTOP) and never finish: they are
-    killed, by process group, once every other process has exited."""
+    killed, by process group, once every other process has exited.
+    On any other way out (pytest-timeout's exception, Ctrl-C) the processes still running are
+    killed by process group too: they never outlive the test. Where R2CCL_TEST_PIDFILE is set,
+    each process's group id is appended to it first (bench/gpu_check.sh kills what is left of
+    those groups when a whole pytest is killed)."""
+    pidfile = os.environ.get("R2CCL_TEST_PIDFILE")
+    if pidfile:
+        with open(pidfile, "a") as f:
+            f.writelines(f"{p.pid}\n" for p in procs)
     deadline = time.monotonic() + timeout
     outputs = [""] * len(procs)
     order = [i for i in range(len(procs)) if i not in stopped] + [i for i in range(len(procs)) if i in stopped]
-    for i in order:
-        p = procs[i]
-        if i in stopped and p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL)
-        try:
-            outputs[i] = p.communicate(timeout=max(0.1, deadline - time.monotonic()))[0].decode(errors="replace")
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                if q.poll() is None:
-                    os.killpg(q.pid, signal.SIGKILL)
-            for j, q in enumerate(procs):
-                outputs[j] = outputs[j] or q.communicate()[0].decode(errors="replace")
-            raise RankFailed(f"{func}: processes still running after {timeout} s (killed)\n" +
-                             "\n".join(f"--- process {j}\n{o[-4000:]}" for j, o in enumerate(outputs))) from None
+    try:
+        for i in order:
+            p = procs[i]
+            if i in stopped and p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+            try:
+                outputs[i] = p.communicate(timeout=max(0.1, deadline - time.monotonic()))[0].decode(errors="replace")
+            except subprocess.TimeoutExpired:
+                _kill_groups(procs)
+                for j, q in enumerate(procs):
+                    outputs[j] = outputs[j] or q.communicate()[0].decode(errors="replace")
+                raise RankFailed(f"{func}: processes still running after {timeout} s (killed)\n" +
+                                 "\n".join(f"--- process {j}\n{o[-4000:]}" for j, o in enumerate(outputs))) from None
+    except BaseException:
+        _kill_groups(procs)
+        raise
     return outputs
 
 

@@ -10,6 +10,7 @@ process group. JAX's own collectives across the processes use gloo (JAX's CPU de
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
 import socket
@@ -56,25 +57,32 @@ def _platform_env(platform: str, local: int, world: int) -> dict:
 
 
 def run_jax_ranks(func: str, world: int, *, local: int = 1, args: dict | None = None, config: dict | None = None,
-                  timeout: float = 120.0, expect_fail: bool = False, platform: str = "cpu") -> list[dict]:
+                  timeout: float = 120.0, expect_fail: bool = False, platform: str = "cpu",
+                  xla_collectives: bool = True) -> list[dict]:
     """_run_jax_ranks, started once more on a fresh port when jax.distributed itself failed
     to start (see _STARTUP_FAILURES); any other failure is reported as it is.
 
     platform "cuda": every process sees the machine's GPUs (`local` must be their number,
-    usually 1: several processes then share one GPU, each with a slice of its memory)."""
+    usually 1: several processes then share one GPU, each with a slice of its memory).
+    xla_collectives=False: jax's multi-process helpers (jax.experimental.multihost_utils:
+    process_allgather, assert_equal, which jax.device_put of a global array runs,
+    broadcast_one_to_all, sync_global_devices) raise instead of running an XLA collective
+    across the processes: on a GPU that is NCCL, which refuses two processes on one GPU. The
+    GPU tests' workers run so on CPU to show they need none."""
+    kw = dict(local=local, args=args, config=config, timeout=timeout, expect_fail=expect_fail, platform=platform,
+              xla_collectives=xla_collectives)
     try:
-        return _run_jax_ranks(func, world, local=local, args=args, config=config, timeout=timeout,
-                              expect_fail=expect_fail, platform=platform)
+        return _run_jax_ranks(func, world, **kw)
     except RankFailed as e:
         if not any(m in str(e) for m in _STARTUP_FAILURES):
             raise
         print(f"run_jax_ranks({func}): jax.distributed did not start; once more on another port", file=sys.stderr)
-        return _run_jax_ranks(func, world, local=local, args=args, config=config, timeout=timeout,
-                              expect_fail=expect_fail, platform=platform)
+        return _run_jax_ranks(func, world, **kw)
 
 
 def _run_jax_ranks(func: str, world: int, *, local: int = 1, args: dict | None = None, config: dict | None = None,
-                   timeout: float = 120.0, expect_fail: bool = False, platform: str = "cpu") -> list[dict]:
+                   timeout: float = 120.0, expect_fail: bool = False, platform: str = "cpu",
+                   xla_collectives: bool = True) -> list[dict]:
     """Returns one dict per process: {"ok": True, "result": ..., "seconds": {...}} or
     {"ok": False, "error": str}. Raises RankFailed on a crash, a timeout, or (unless
     expect_fail) a worker exception."""
@@ -89,7 +97,8 @@ def _run_jax_ranks(func: str, world: int, *, local: int = 1, args: dict | None =
         procs = []
         for rank in range(world):
             spec = {"func": func, "rank": rank, "world": world, "local": local, "port": port, "config": cfg,
-                    "args": args or {}, "out": os.path.join(tmp, f"out{rank}.json"), "platform": platform}
+                    "args": args or {}, "out": os.path.join(tmp, f"out{rank}.json"), "platform": platform,
+                    "xla_collectives": xla_collectives, "deadline_s": timeout}
             path = os.path.join(tmp, f"spec{rank}.json")
             with open(path, "w") as f:
                 json.dump(spec, f)
@@ -117,9 +126,27 @@ def _run_jax_ranks(func: str, world: int, *, local: int = 1, args: dict | None =
         return results
 
 
+def _refuse_xla_collectives() -> None:
+    from jax.experimental import multihost_utils
+
+    def refuse(name):
+        def f(*a, **k):
+            raise RuntimeError(f"jax.experimental.multihost_utils.{name} runs an XLA collective across the processes "
+                               "(NCCL on a GPU machine, which refuses two processes on one GPU); build inputs "
+                               "with jax.make_array_from_callback")
+        return f
+    for name in ("process_allgather", "assert_equal", "broadcast_one_to_all", "sync_global_devices"):
+        setattr(multihost_utils, name, refuse(name))
+
+
 def main():
     with open(sys.argv[1]) as f:
         spec = json.load(f)
+    # A crash prints every thread's stack; a process still running 10 s before the launcher's
+    # deadline prints them too (and goes on): a hang shows where it hangs, not only that it did.
+    faulthandler.enable()
+    if spec.get("deadline_s"):
+        faulthandler.dump_traceback_later(max(5.0, float(spec["deadline_s"]) - 10.0), exit=False)
     rank, world, local = spec["rank"], spec["world"], spec["local"]
     os.environ.update(_platform_env(spec.get("platform", "cpu"), local, world))
     out = {"ok": False, "error": ""}
@@ -128,6 +155,8 @@ def main():
     try:
         import jax
         jax.config.update("jax_enable_x64", True)
+        if not spec.get("xla_collectives", True):
+            _refuse_xla_collectives()
         coordinator = spec.get("coordinator") or f"127.0.0.1:{spec['port']}"   # the verbs guests give theirs
         jax.distributed.initialize(coordinator_address=coordinator, num_processes=world,
                                    process_id=rank, initialization_timeout=60)
@@ -147,6 +176,7 @@ def main():
         with open(spec["out"] + ".tmp", "w") as f:
             json.dump(out, f)
         os.rename(spec["out"] + ".tmp", spec["out"])
+        faulthandler.cancel_dump_traceback_later()
     sys.stdout.flush()
     # Leave together: a process that exits first takes the coordination service (process 0)
     # or its heartbeats away from the others.

@@ -669,9 +669,12 @@ def gpu_matrix(rank, world, local, sizes=(1000, 3_000_001)):
     return {"bad": bad, "ran": ran}
 
 
-def gpu_rail_fault(rank, world, local, count=16 << 20, rate=40e6, after_s=0.1):
+def gpu_rail_fault(rank, world, local, count=16 << 20, rate=40e6, wait_s=20.0):
     """A rail taken down while a 64 MiB psum of GPU buffers is on the wire: the result is
-    bit-exact and the rail is seen failing."""
+    bit-exact, the rail is seen failing, and the fault provably landed inside the collective:
+    the program is compiled first, then process 0 waits (bounded) until the rail to process
+    1 holds unacknowledged bytes of it and closes it there; the close reports the bytes the
+    rail held (they move to the other rails), and the re-sent chunks are counted."""
     jax, jnp, Mesh, NamedSharding, P = _jax()
     import jax_r2ccl
     from jax_r2ccl._src import runtime
@@ -686,20 +689,33 @@ def gpu_rail_fault(rank, world, local, count=16 << 20, rate=40e6, after_s=0.1):
     ins = [_rank_input("all_reduce", "float32", count, r, seed=5) for r in range(n)]
     x = _per_rank_array(mesh, ins)
     f = jax.jit(jax.shard_map(lambda v: jax_r2ccl.psum(v, "x"), mesh=mesh, in_specs=P("x"), out_specs=P("x"),
-                              check_vma=False))
+                              check_vma=False)).lower(x).compile()
+    fault = {"unacked_bytes": 0, "waited_s": None, "resent_chunks": 0}
+    resent_before = sum(s["retransmitted_chunks"] for s in ep.rail_stats(1)) if rank == 0 and world > 1 else 0
+
+    def take_down():
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < wait_s:
+            if ep.rail_stats(1)[1]["inflight_bytes"] > 0:
+                fault["waited_s"] = round(time.monotonic() - t0, 4)
+                fault["unacked_bytes"] = ep.inject(1, 1, "close")["unacked_bytes"]
+                return
+            time.sleep(0.0002)
+
     _barrier("gpu-fault-start")
-    timer = None
+    taker = None
     if rank == 0 and world > 1:
-        timer = threading.Timer(after_s, lambda: ep.inject(1, 1, "close"))
-        timer.start()
+        taker = threading.Thread(target=take_down)
+        taker.start()
     got = jax.block_until_ready(f(x))
-    if timer:
-        timer.join()
+    if taker:
+        taker.join()
+        fault["resent_chunks"] = sum(s["retransmitted_chunks"] for s in ep.rail_stats(1)) - resent_before
     ref = host_reference("all_reduce", "sum", ins, proc_of)
     bad = [int(mesh.devices.tolist().index(s.device)) for s in got.addressable_shards
            if np.asarray(s.data).tobytes() != ref[0].tobytes()]
     failures = sum(s["failures"] for p in range(world) if p != rank for s in ep.rail_stats(p))
-    return {"bad": bad, "rail_failures": failures}
+    return {"bad": bad, "rail_failures": failures, "fault": fault}
 
 
 def gpu_train_step(rank, world, local, steps=4):
@@ -717,9 +733,11 @@ def gpu_train_step(rank, world, local, steps=4):
     w_true = rng.standard_normal((d_in, d_out)).astype(np.float32)
     xs = rng.standard_normal((n * per, d_in)).astype(np.float32)
     ys = xs @ w_true
-    X = jax.device_put(xs, NamedSharding(mesh, P("x")))
-    Y = jax.device_put(ys, NamedSharding(mesh, P("x")))
-    w = jax.device_put(np.zeros((n * d_in, d_out), np.float32), NamedSharding(mesh, P("x")))   # replicated by hand
+    # Every process builds its own shards (jax.device_put of a global array would check the
+    # processes agree with an XLA all-gather: NCCL, which two processes on one GPU cannot run).
+    w0 = np.zeros((n * d_in, d_out), np.float32)   # replicated by hand: one block per device
+    X, Y, w = (jax.make_array_from_callback(a.shape, NamedSharding(mesh, P("x")), lambda idx, a=a: a[idx])
+               for a in (xs, ys, w0))
 
     def loss(wl, xl, yl):
         return jnp.mean((xl @ wl - yl) ** 2)
@@ -732,7 +750,8 @@ def gpu_train_step(rank, world, local, steps=4):
     with jax_r2ccl.enabled():
         f = jax.jit(jax.shard_map(step, mesh=mesh, in_specs=(P("x"), P("x"), P("x")),
                                   out_specs=(P("x"), P("x"), P("x"), P("x")), check_vma=False))
-        hlo = f.lower(w, X, Y).as_text()
+        f = f.lower(w, X, Y).compile()   # what runs below is the program inspected here
+        hlo = f.as_text()
     out = {"custom_call": "r2ccl_collective" in hlo, "xla_all_reduce": "all-reduce" in hlo or "all_reduce" in hlo,
            "bad_sums": [], "losses": [], "params_differ": False}
     for it in range(steps):

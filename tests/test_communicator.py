@@ -61,7 +61,7 @@ def test_closing_the_communicator_fails_a_waiting_local_rendezvous_at_once():
     code = ONE + textwrap.dedent("""
         comm = _core.Communicator(ep, 0)
         _core.register_comm(77, [[0, 0]], "two local ranks")
-        pool = _core.StagingPool(1 << 20)
+        pool = _core.StagingPool(1 << 20, 4096)
         x = np.arange(1000, dtype=np.float32)
         out = np.zeros_like(x)
         res = {}

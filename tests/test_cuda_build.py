@@ -83,6 +83,10 @@ def test_without_a_gpu_the_cuda_entry_points_raise_a_clear_error():
     with pytest.raises(R2cclError) as e:
         _core.cuda_testing_reduce("float32", "sum", np.zeros(8, np.uint8), np.zeros(8, np.uint8))
     assert e.value.cause == "device"
+    # initialize() prepares a process's GPUs only where CUDA sees one; asked directly, it names
+    # what is missing (the runtime first, then the device)
+    with pytest.raises(R2cclError, match="not initialized"):
+        _core.cuda_prepare([0])
 
 
 KINDS = {name: i for i, name in enumerate(_core.names()["kinds"])}

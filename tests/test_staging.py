@@ -30,13 +30,59 @@ def test_every_kind_and_dtype_through_staging_is_bit_exact(world, local, fold):
     # sends every local rank's chunk to the host instead. Both give the canonical bits.
     rs = run_ranks("staged_collective", world, timeout=240,
                    args={"cases": _cases(world * local), "local": local, "chunk_bytes": 4096, "pool_bytes": 1 << 20,
-                         "device_fold": fold})
+                         "device_fold": fold, "small": False})
     for r in rs:
         res = r["result"]
         assert res["errors"] == [] and res["bad"] == [], (res["errors"], res["bad"])
         assert max(res["chunks"]) >= 4, res["chunks"]
+        assert not any(res["small"]), res["small"]
         want = [[k, fold and local > 1 and k in ("all_reduce", "reduce_scatter")] for k, _ in res["folded"]]
         assert res["folded"] == want, res["folded"]
+
+
+def test_a_small_call_takes_the_small_path_and_matches_a_process_that_stages_it():
+    # Every kind at a few bytes (the 8-byte psum of a training step's loss among them): on
+    # process 0 each reads its input with the group and rank and runs on the pool's small
+    # area (the CUDA handler: one stream wait instead of four, no staging slot); process 1
+    # stages the same calls through the pipeline. They meet on the wire as one chunk each,
+    # every result is bit-exact, and the small path never leased or allocated a slot.
+    cases = [("all_reduce", "float32", "sum", 2, 0), ("all_reduce", "float64", "max", 1, 0),
+             ("all_gather", "int32", "sum", 3, 0), ("reduce_scatter", "bfloat16", "sum", 8, 0),
+             ("all_to_all", "uint8", "sum", 12, 0), ("broadcast", "int64", "sum", 5, 1),
+             ("all_reduce", "float32", "sum", 16384, 0),     # 64 KiB: the largest small call
+             ("all_reduce", "float32", "sum", 16385, 0)]     # one element more: staged on both
+    for local in (1, 2):
+        rs = run_ranks("staged_collective", 2, timeout=120,
+                       args={"cases": cases, "local": local, "chunk_bytes": 1 << 20, "pool_bytes": 8 << 20,
+                             "small": [True, False], "repeat": 2})
+        r0, r1 = rs[0]["result"], rs[1]["result"]
+        for res in (r0, r1):
+            assert res["errors"] == [] and res["bad"] == [], (local, res["errors"], res["bad"])
+        assert r0["small"] == [True] * 7 + [False] + [True] * 7 + [False], r0["small"]
+        assert r1["small"] == [False] * 16, r1["small"]
+        assert r0["chunks"] == [1] * 16, r0["chunks"]
+        # process 0 leased a slot only for the staged call
+        assert all(a == 1 for p in r0["allocations"] for a in p.values()), r0["allocations"]
+
+
+def test_the_staging_pool_allocates_up_front_and_never_frees_inside_a_call():
+    # The GPU's pool reserves its slots when the runtime prepares the device. Calls of every
+    # size from 1 KiB to 8 MiB, twice: no allocation after the reserve (before: a larger call
+    # dropped the smaller free buffers, i.e. cudaFreeHost inside a collective, which
+    # synchronises the whole device, and allocated anew)
+    sizes = [256, 4096, 65536, 300_000, 1 << 20, 2 << 20, 1000, 512 << 10]
+    cases = [("all_reduce", "float32", "sum", n, 0) for n in sizes]
+    rs = run_ranks("staged_collective", 2, timeout=180,
+                   args={"cases": cases, "chunk_bytes": 1 << 20, "pool_bytes": 8 << 20, "reserve": 3,
+                         "repeat": 2})
+    for r in rs:
+        res = r["result"]
+        assert res["errors"] == [] and res["bad"] == [], (res["errors"], res["bad"])
+        pool = next(iter(res["pools"].values()))
+        assert pool["slot_bytes"] == 2 << 20, pool     # the largest step: 1 MiB in, 1 MiB out
+        assert pool["allocations"] == 3 and pool["allocated_bytes"] == 3 * pool["slot_bytes"], pool
+        assert all(a == 3 for p in res["allocations"] for a in p.values()), res["allocations"]
+        assert pool["in_use_bytes"] == 0, pool
 
 
 def test_large_staged_all_reduce_is_cut_into_chunks_and_reuses_its_pool():

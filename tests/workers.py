@@ -846,14 +846,18 @@ def host_kind_mismatch(ep, rank, world, n=99_999, other="reduce_scatter"):
 
 
 def staged_collective(ep, rank, world, cases, local=1, chunk_bytes=4096, pool_bytes=1 << 20, depth=3, fault=None,
-                      rate=None, fail_copy=None, repeat=1, device_fold=True):
+                      rate=None, fail_copy=None, repeat=1, device_fold=True, small=True, reserve=0):
     """The platform-neutral chunk pipeline (csrc/stage) that the CUDA platform runs, with
     memcpy standing in for the copy engine: each local rank on its own thread hands its part
     to the process's runtime through _core.testing_staged_call, like a GPU's launch thread.
     Every output is checked bit for bit against the canonical-order reference.
 
     fail_copy: {"case": i, "rank": r, "batch": b} makes that local rank's copy batch b fail.
-    Returns the mismatches, every call's error, chunk counts and the pools' statistics."""
+    small: calls that fit the pool's small area take the small path (one read with the group
+    and rank, no pipeline), as the CUDA handler does; a list gives it per process.
+    reserve: slots each pool allocates before the first call (the GPU's pool reserves 3).
+    Returns the mismatches, every call's error, chunk counts, which calls took the small path
+    and the pools' statistics."""
     import ml_dtypes  # noqa: F401
     from jax_r2ccl import _core
     from jax_r2ccl.errors import R2cclError
@@ -863,13 +867,16 @@ def staged_collective(ep, rank, world, cases, local=1, chunk_bytes=4096, pool_by
     _core.runtime_install(ep._ep, ex, rank, float(ep.config.timeout_s))
     comm_id = 77
     _core.register_comm(comm_id, [process_of_rank], "staged test")
-    pools = {r: _core.StagingPool(pool_bytes) for r in my_ranks}
+    pools = {r: _core.StagingPool(pool_bytes, chunk_bytes) for r in my_ranks}
+    for p in pools.values():
+        p.reserve(reserve)
+    my_small = small[rank] if isinstance(small, list) else small
     if rate:
         for peer in range(world):
             if peer != rank:
                 for s in ep.rail_stats(peer):
                     ep.inject(peer, s["rail"], "rate", rate)
-    bad, errors, chunks, allocations, folded = [], [], [], [], []
+    bad, errors, chunks, allocations, folded, smalls = [], [], [], [], [], []
     timer = None
     try:
         for rep in range(repeat):
@@ -891,7 +898,7 @@ def staged_collective(ep, rank, world, cases, local=1, chunk_bytes=4096, pool_by
                         res[r] = _core.testing_staged_call(
                             comm_id, 0, r, 1000 + rep, i + 1, kind, np.dtype(dtype).name, op, root,
                             ins[r].view(np.uint8), outs[r].view(np.uint8), pools[r], chunk_bytes, depth, fb,
-                            float(ep.config.timeout_s), device_fold)
+                            float(ep.config.timeout_s), device_fold, my_small)
                     except R2cclError as e:
                         errs[r] = {"error": str(e), "cause": e.cause, "peer": e.peer}
 
@@ -906,6 +913,7 @@ def staged_collective(ep, rank, world, cases, local=1, chunk_bytes=4096, pool_by
                     errors.append({"case": i, "rep": rep, "errors": errs})
                     continue
                 chunks.append(res[my_ranks[0]]["chunks"])
+                smalls.append(all(res[r]["small"] for r in my_ranks))
                 folded.append([kind, all(res[r]["device_fold"] for r in my_ranks)])
                 ref = host_reference(kind, op, [ins[r] for r in range(n)], process_of_rank, root)
                 for r in my_ranks:
@@ -921,7 +929,7 @@ def staged_collective(ep, rank, world, cases, local=1, chunk_bytes=4096, pool_by
     finally:
         _core.runtime_uninstall()
         ex.close()
-    return {"bad": bad, "errors": errors, "chunks": chunks, "allocations": allocations, "folded": folded,
+    return {"bad": bad, "errors": errors, "chunks": chunks, "allocations": allocations, "folded": folded, "small": smalls,
             "pools": {r: pools[r].stats() for r in my_ranks}, "stats": stats}
 
 

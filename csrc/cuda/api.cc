@@ -68,6 +68,17 @@ std::string testing_reduce(coll::DType t, coll::ReduceOp op, void* out, const vo
   }
 }
 
+std::vector<std::string> prepare(const std::vector<int>& ordinals, const Config& cfg) {
+  std::vector<std::string> lines;
+  for (int o : ordinals) {
+    Device& d = device_state(o, cfg);
+    const stage::PoolStats ps = d.pool->stats();
+    lines.push_back("device " + std::to_string(o) + ": " + std::to_string(ps.allocated_bytes / ps.slot_bytes) +
+                    " staging slots of " + std::to_string(ps.slot_bytes) + " bytes pinned");
+  }
+  return lines;
+}
+
 std::vector<BenchRow> bench(uint64_t bytes, int iters, int device, uint64_t chunk_bytes) {
   check(cudaSetDevice(device), "cudaSetDevice");
   iters = std::max(1, iters);
@@ -76,6 +87,7 @@ std::vector<BenchRow> bench(uint64_t bytes, int iters, int device, uint64_t chun
   PinnedBuffer pinned(bytes);
   Stream xla;   // stands in for XLA's stream
   Config cfg;
+  cfg.staging_chunk_bytes = chunk_bytes;
   cfg.staging_bytes = std::max<uint64_t>(cfg.staging_bytes, 8 * chunk_bytes);
   Device& d = device_state(device, cfg);
   check(cudaMemset(dev.p, 1, bytes), "cudaMemset");

@@ -8,7 +8,16 @@
 
 #include "coll/reduce.h"
 
+namespace r2ccl {
+struct Config;
+}
+
 namespace r2ccl::cuda {
+
+// Makes each GPU's resources now (streams, events, the pinned staging pool with its slots),
+// outside any collective: jax_r2ccl.initialize() calls it for the process's GPUs. Returns a
+// line per GPU (what was made), or throws r2ccl::Error.
+std::vector<std::string> prepare(const std::vector<int>& ordinals, const Config& cfg);
 
 // Testing: out = a (op) b for `count` elements, computed by the CUDA kernel on `device`
 // (host buffers in and out). Returns empty, or why it could not run.

@@ -12,6 +12,8 @@ std::string testing_reduce(coll::DType, coll::ReduceOp, void*, const void*, cons
   return kAbsent;
 }
 
+std::vector<std::string> prepare(const std::vector<int>&, const Config&) { throw Error(Cause::kDevice, -1, kAbsent); }
+
 std::vector<BenchRow> bench(uint64_t, int, int, uint64_t) { throw Error(Cause::kDevice, -1, kAbsent); }
 
 }  // namespace r2ccl::cuda

@@ -1,11 +1,13 @@
 // GPU resources and the CUDA copy engine (see device.h).
 #include "cuda/device.h"
 
+#include <algorithm>
 #include <map>
 
 #include "base/error.h"
 #include "base/log.h"
 #include "cuda/kernels.h"
+#include "stage/pipeline.h"
 
 namespace r2ccl::cuda {
 
@@ -54,6 +56,22 @@ class CudaCopyEngine final : public stage::CopyEngine {
   void finish() override {
     check(cudaEventRecord(d_.end, d_.to_device), "cudaEventRecord (copy out)");
     check(cudaStreamWaitEvent(xla_, d_.end, 0), "cudaStreamWaitEvent on XLA's stream");
+  }
+  // The small path on XLA's stream: the reads after what XLA queued, one wait; the last
+  // small result copy is then done too when it was on this stream (the event wait returns
+  // at once), else waited for here, before its host memory is written again.
+  void read_now(const std::vector<stage::Copy>& copies) override {
+    enqueue(copies, cudaMemcpyDeviceToHost, xla_, "cudaMemcpy2DAsync (operands to host)");
+    check(cudaStreamSynchronize(xla_), "cudaStreamSynchronize (XLA's stream)");
+    if (d_.small_pending) {
+      check(cudaEventSynchronize(d_.small_written), "cudaEventSynchronize (the last small result)");
+      d_.small_pending = false;
+    }
+  }
+  void write_later(const std::vector<stage::Copy>& copies) override {
+    enqueue(copies, cudaMemcpyHostToDevice, xla_, "cudaMemcpy2DAsync (small result to device)");
+    check(cudaEventRecord(d_.small_written, xla_), "cudaEventRecord (small result)");
+    d_.small_pending = true;
   }
   // The leader's fold: after each member's begin event, acc = in_0 (op) in_1 (op) ... on this
   // GPU (peers read over peer access where the GPUs have it, else copied here first), then
@@ -113,12 +131,15 @@ class CudaCopyEngine final : public stage::CopyEngine {
   }
 
  private:
-  void queue(const std::vector<stage::Copy>& copies, cudaMemcpyKind kind, cudaStream_t s, std::function<void()> done) {
+  static void enqueue(const std::vector<stage::Copy>& copies, cudaMemcpyKind kind, cudaStream_t s, const char* what) {
     for (const stage::Copy& c : copies) {
       if (c.width == 0 || c.rows == 0) continue;
       const size_t dp = c.rows == 1 ? c.width : c.dst_pitch, sp = c.rows == 1 ? c.width : c.src_pitch;
-      check(cudaMemcpy2DAsync(c.dst, dp, c.src, sp, c.width, c.rows, kind, s), "cudaMemcpy2DAsync (staging)");
+      check(cudaMemcpy2DAsync(c.dst, dp, c.src, sp, c.width, c.rows, kind, s), what);
     }
+  }
+  void queue(const std::vector<stage::Copy>& copies, cudaMemcpyKind kind, cudaStream_t s, std::function<void()> done) {
+    enqueue(copies, kind, s, "cudaMemcpy2DAsync (staging)");
     auto* fn = new std::function<void()>(std::move(done));
     cudaError_t st = cudaLaunchHostFunc(s, call_done, fn);
     if (st != cudaSuccess) {
@@ -168,6 +189,9 @@ Device& device_state(int ordinal, const Config& cfg) {
   auto& m = devices();
   auto it = m.find(ordinal);
   if (it != m.end()) return *it->second;
+  int prev = -1;
+  check(cudaGetDevice(&prev), "cudaGetDevice");
+  DeviceGuard restore(prev);
   auto d = std::make_unique<Device>();
   d->ordinal = ordinal;
   check(cudaSetDevice(ordinal), "cudaSetDevice");
@@ -175,11 +199,15 @@ Device& device_state(int ordinal, const Config& cfg) {
   check(cudaStreamCreateWithFlags(&d->to_device, cudaStreamNonBlocking), "cudaStreamCreate");
   check(cudaEventCreateWithFlags(&d->begin, cudaEventDisableTiming), "cudaEventCreate");
   check(cudaEventCreateWithFlags(&d->end, cudaEventDisableTiming), "cudaEventCreate");
-  check(cudaHostAlloc(reinterpret_cast<void**>(&d->scalars), 2 * sizeof(int32_t), cudaHostAllocPortable),
-        "cudaHostAlloc");
-  d->pool = std::make_unique<stage::StagingPool>(pinned_allocator(), cfg.staging_bytes);
-  R2_INFO("cuda: device %d ready (staging bound %llu bytes)", ordinal,
-            static_cast<unsigned long long>(cfg.staging_bytes));
+  check(cudaEventCreateWithFlags(&d->small_written, cudaEventDisableTiming), "cudaEventCreate");
+  d->pool = std::make_unique<stage::StagingPool>(pinned_allocator(), cfg.staging_bytes,
+                                                 stage::slot_bytes(cfg.staging_chunk_bytes),
+                                                 stage::small_bytes(cfg.staging_chunk_bytes));
+  d->pool->reserve(stage::PipelineOptions{}.depth);   // pinned memory now, not inside a collective
+  const stage::PoolStats ps = d->pool->stats();
+  R2_INFO("cuda: device %d ready (staging: %llu slots of %llu bytes allocated, bound %llu bytes)", ordinal,
+          static_cast<unsigned long long>(ps.allocated_bytes / std::max<uint64_t>(ps.slot_bytes, 1)),
+          static_cast<unsigned long long>(ps.slot_bytes), static_cast<unsigned long long>(cfg.staging_bytes));
   Device& ref = *d;
   m[ordinal] = std::move(d);
   return ref;

@@ -3,20 +3,28 @@
 //
 // Execution model: blocking, as XLA:GPU requires (its custom-call thunk blocks the launching
 // thread on an ffi::Future anyway, so a Future buys nothing). On XLA's launching thread:
-//   1. read the group and rank operands (8 bytes D2H, after the work queued before),
-//   2. run the chunk pipeline (stage/pipeline.h): our copy streams wait on an event recorded
-//      on XLA's stream, chunks go device -> pinned staging -> transport -> pinned staging ->
-//      device with copies, network and reduction of different chunks overlapping,
-//   3. make XLA's stream wait on the last copy out, and return once every copy finished.
+//   1. read the group and rank operands (8 bytes D2H, after the work queued before) and, for
+//      a small call (64 KiB or less each way), the input with them: one stream wait;
+//   2. small: the collective on the pool's small area, the result queued back on XLA's
+//      stream, return. Else the chunk pipeline (stage/pipeline.h): our copy streams wait on
+//      an event recorded on XLA's stream, chunks go device -> pinned staging -> transport ->
+//      pinned staging -> device with copies, network and reduction of different chunks
+//      overlapping; XLA's stream waits on the last copy out; return once every copy finished.
 // The launching thread waits exactly as long as its collective. Each local GPU's thread does
 // this at the same time; the runtime's rendezvous joins them, and the process's part of each
 // chunk is reduced in canonical order by the same code as on CPU (bit-identical results).
+// The pinned staging is allocated when the runtime prepares the GPU (jax_r2ccl.initialize),
+// never freed inside a call; the current device is restored on every way out.
+// Each call is logged at INFO (R2CCL_DEBUG=INFO) with its run id, op id, group and rank: the
+// GPU check compares the processes' lines (a run id that differs between processes means
+// their programs were compiled differently, e.g. by autotuning).
 // Not kCmdBufferCompatible: it does host networking and must not be captured into a graph.
 #include <cuda_runtime_api.h>
 
 #include <cctype>
 #include <string>
 
+#include "base/log.h"
 #include "coll/runtime.h"
 #include "cuda/device.h"
 #include "ffi/boundary.h"
@@ -26,66 +34,55 @@
 namespace r2ccl::ffi {
 namespace {
 
-struct Progress {
-  std::shared_ptr<coll::Runtime> rt;
-  coll::Runtime::CallToken active;   // Runtime::enter_call: until the handler returns
-  coll::DeviceCall call;
-  stage::PipelineOptions opt;
-  bool decoded = false;   // group and rank known
-  bool staged = false;    // run_staged took over (it abandons its own chunks on an error)
-};
-
-xffi::Error collective_body(Progress& pr, cudaStream_t stream, xffi::RunId run_id, xffi::AnyBuffer x, xffi::Buffer<xffi::S32> group,
-                            xffi::Buffer<xffi::S32> rank, xffi::Result<xffi::AnyBuffer> out, int64_t comm_id,
-                            int64_t op_id, int64_t kind, int64_t reduce_op, int64_t root) {
-  pr.rt = coll::Runtime::current();
-  auto& rt = pr.rt;
-  if (!rt) return invalid("jax_r2ccl.initialize() has not been called in this process");
-  pr.active = rt->enter_call();
-  coll::DeviceCall& c = pr.call;
-  pr.opt.chunk_bytes = rt->config().staging_chunk_bytes;
-  pr.opt.timeout_s = rt->config().timeout_s;
-  std::string bad = decode(c, static_cast<uint64_t>(run_id.run_id), x, 0, 0, *out, comm_id, op_id, kind, reduce_op, root);
-  if (!bad.empty()) return invalid(bad);
-  if (group.element_count() != 1 || rank.element_count() != 1) return invalid("group and rank must be s32 scalars");
-  int prev = -1;
-  cuda::check(cudaGetDevice(&prev), "cudaGetDevice");
-  const int ordinal = c.count > 0 ? cuda::device_of(c.in) : prev;
-  cuda::Device& dev = cuda::device_state(ordinal, rt->config());
-  std::lock_guard<std::mutex> one_at_a_time(dev.busy);
-  cuda::check(cudaSetDevice(ordinal), "cudaSetDevice");
-  struct Restore {
-    int d;
-    ~Restore() { cudaSetDevice(d); }
-  } restore{prev};
-  // The group and rank come from partition_id inside the program: read them after the work
-  // XLA queued before this call.
-  cuda::check(cudaMemcpyAsync(dev.scalars, group.typed_data(), sizeof(int32_t), cudaMemcpyDeviceToHost, stream),
-              "cudaMemcpyAsync (group)");
-  cuda::check(cudaMemcpyAsync(dev.scalars + 1, rank.typed_data(), sizeof(int32_t), cudaMemcpyDeviceToHost, stream),
-              "cudaMemcpyAsync (rank)");
-  cuda::check(cudaStreamSynchronize(stream), "cudaStreamSynchronize (XLA's stream)");
-  c.group = dev.scalars[0];
-  c.rank = dev.scalars[1];
-  pr.decoded = true;
-  maybe_throw_injected();
-  auto engine = cuda::copy_engine(dev, stream);
-  pr.staged = true;
-  stage::run_staged(*rt, c, *engine, *dev.pool, pr.opt);
-  return xffi::Error::Success();
-}
-
 xffi::Error collective(cudaStream_t stream, xffi::RunId run_id, xffi::AnyBuffer x, xffi::Buffer<xffi::S32> group,
                        xffi::Buffer<xffi::S32> rank, xffi::Result<xffi::AnyBuffer> out, int64_t comm_id, int64_t op_id,
                        int64_t kind, int64_t reduce_op, int64_t root) {
-  Progress pr;
   return guard(
       "r2ccl_collective (cuda)",
-      [&] { return collective_body(pr, stream, run_id, x, group, rank, out, comm_id, op_id, kind, reduce_op, root); },
-      [&](const Error& e) {
-        if (pr.decoded && !pr.staged && pr.rt) stage::abandon_staged(*pr.rt, pr.call, pr.opt, e);
-        return to_ffi_error(e);
-      });
+      [&]() -> xffi::Error {
+        std::shared_ptr<coll::Runtime> rt = coll::Runtime::current();
+        if (!rt) return invalid("jax_r2ccl.initialize() has not been called in this process");
+        coll::Runtime::CallToken active = rt->enter_call();   // shutdown's drain waits for this call
+        coll::DeviceCall c;
+        stage::PipelineOptions opt;
+        opt.chunk_bytes = rt->config().staging_chunk_bytes;
+        opt.timeout_s = rt->config().timeout_s;
+        std::string bad =
+            decode(c, static_cast<uint64_t>(run_id.run_id), x, 0, 0, *out, comm_id, op_id, kind, reduce_op, root);
+        if (!bad.empty()) return invalid(bad);
+        if (group.element_count() != 1 || rank.element_count() != 1) return invalid("group and rank must be s32 scalars");
+        int prev = -1;
+        cuda::check(cudaGetDevice(&prev), "cudaGetDevice");
+        cuda::DeviceGuard restore(prev);   // before anything sets another device
+        const int ordinal = c.count > 0 ? cuda::device_of(c.in) : prev;
+        cuda::Device& dev = cuda::device_state(ordinal, rt->config());
+        std::lock_guard<std::mutex> one_at_a_time(dev.busy);
+        cuda::check(cudaSetDevice(ordinal), "cudaSetDevice");
+        auto engine = cuda::copy_engine(dev, stream);
+        // The group and rank come from partition_id inside the program: read after the work
+        // XLA queued before this call, into the small area's head (with a small call's input).
+        auto* head = reinterpret_cast<int32_t*>(dev.pool->small().head);
+        const std::vector<stage::Copy> head_reads{{head, group.typed_data(), sizeof(int32_t), 1, 0, 0},
+                                                  {head + 1, rank.typed_data(), sizeof(int32_t), 1, 0, 0}};
+        stage::PipelineResult r = stage::run_device_call(*rt, c, *engine, *dev.pool, opt, head_reads,
+                                                         [&](coll::DeviceCall& d) {
+                                                           d.group = head[0];
+                                                           d.rank = head[1];
+                                                           R2_INFO("cuda call: run %llx op %llx comm %llu group %d rank %d "
+                                                                   "%s %llu elements device %d",
+                                                                   static_cast<unsigned long long>(d.run_id),
+                                                                   static_cast<unsigned long long>(d.op_id),
+                                                                   static_cast<unsigned long long>(d.comm_id),
+                                                                   static_cast<int>(d.group), static_cast<int>(d.rank),
+                                                                   coll::kind_name(d.kind),
+                                                                   static_cast<unsigned long long>(d.count), ordinal);
+                                                           maybe_throw_injected();
+                                                         });
+        R2_TRACE("cuda call: op %llx done (%s, %llu chunks)", static_cast<unsigned long long>(c.op_id),
+                 r.small ? "small path" : "staged", static_cast<unsigned long long>(r.chunks));
+        return xffi::Error::Success();
+      },
+      [&](const Error& e) { return to_ffi_error(e); });
 }
 
 }  // namespace

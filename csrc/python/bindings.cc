@@ -615,6 +615,16 @@ NB_MODULE(_core, m) {
       nb::arg("dtype"), nb::arg("op"), nb::arg("a"), nb::arg("b"), nb::arg("device") = 0,
       "Testing: a (op) b by the CUDA reduction kernel on `device` (uint8 views in, bytes out).");
   m.def(
+      "cuda_prepare",
+      [](const std::vector<int>& ordinals) {
+        auto rt = coll::Runtime::current();
+        if (!rt) throw Error(Cause::kInvalidArgument, -1, "cuda_prepare: jax_r2ccl is not initialized");
+        nb::gil_scoped_release nogil;
+        return cuda::prepare(ordinals, rt->config());
+      },
+      nb::arg("ordinals"),
+      "Makes these GPUs' streams and pinned staging now, outside any collective (initialize() calls it).");
+  m.def(
       "cuda_bench",
       [](uint64_t bytes, int iters, int device, uint64_t chunk_bytes) {
         std::vector<cuda::BenchRow> rows;
@@ -655,16 +665,20 @@ NB_MODULE(_core, m) {
       nb::arg("what"), "Testing: the next FFI handler entry throws this kind of exception inside its guard.");
 
   nb::class_<stage::StagingPool>(m, "StagingPool",
-                                 "Testing and reports: a host staging pool (plain memory) with a bound.")
+                                 "Testing and reports: a host staging pool (plain memory) with a bound, in slots "
+                                 "for steps of chunk_bytes, as a GPU's pool is.")
       .def("__init__",
-           [](stage::StagingPool* p, uint64_t capacity_bytes) {
-             new (p) stage::StagingPool(stage::host_allocator(), capacity_bytes);
+           [](stage::StagingPool* p, uint64_t capacity_bytes, uint64_t chunk_bytes) {
+             new (p) stage::StagingPool(stage::host_allocator(), capacity_bytes, stage::slot_bytes(chunk_bytes),
+                                        stage::small_bytes(chunk_bytes));
            },
-           nb::arg("capacity_bytes"))
+           nb::arg("capacity_bytes"), nb::arg("chunk_bytes") = 4 << 20)
+      .def("reserve", &stage::StagingPool::reserve, nb::arg("slots"))
       .def("stats", [](stage::StagingPool& p) {
         stage::PoolStats st = p.stats();
         nb::dict d;
         d["capacity_bytes"] = st.capacity_bytes;
+        d["slot_bytes"] = st.slot_bytes;
         d["allocated_bytes"] = st.allocated_bytes;
         d["in_use_bytes"] = st.in_use_bytes;
         d["allocations"] = st.allocations;
@@ -676,9 +690,10 @@ NB_MODULE(_core, m) {
       [](uint64_t comm_id, int64_t group, int64_t rank, uint64_t run_id, uint64_t op_id, const std::string& kind,
          const std::string& dtype, const std::string& op, int root, Buffer in, Buffer out, stage::StagingPool& pool,
          uint64_t chunk_bytes,
-         int depth, int fail_after, double timeout, bool device_fold) {
+         int depth, int fail_after, double timeout, bool device_fold, bool small) {
         // One local rank's part of a collective through the chunk pipeline, with memcpy as the
-        // copy engine: what the CUDA platform runs, minus CUDA.
+        // copy engine: what the CUDA platform runs, minus CUDA (its group and rank are read
+        // from "device" memory in the same way, with a small call's input).
         auto rt = coll::Runtime::current();
         if (!rt) throw Error(Cause::kInvalidArgument, -1, "no runtime installed");
         auto active = rt->enter_call();   // as the CUDA handler does: shutdown's drain waits for it
@@ -687,8 +702,6 @@ NB_MODULE(_core, m) {
         if (!coll::parse_reduce_op(op, &c.op)) throw Error(Cause::kInvalidArgument, -1, "unknown op " + op);
         if (!coll::parse_dtype(dtype, &c.dtype)) throw Error(Cause::kInvalidArgument, -1, "unknown dtype " + dtype);
         c.comm_id = comm_id;
-        c.group = group;
-        c.rank = rank;
         c.run_id = run_id;
         c.op_id = op_id;
         c.root = root;
@@ -706,9 +719,20 @@ NB_MODULE(_core, m) {
         stage::PipelineResult r;
         {
           nb::gil_scoped_release nogil;
-          r = stage::run_staged(*rt, c, *engine, pool, opt);
+          const int32_t operands[2] = {static_cast<int32_t>(group), static_cast<int32_t>(rank)};
+          auto* head = reinterpret_cast<int32_t*>(pool.small().head);
+          const std::vector<stage::Copy> reads{{head, &operands[0], sizeof(int32_t), 1, 0, 0},
+                                               {head + 1, &operands[1], sizeof(int32_t), 1, 0, 0}};
+          r = stage::run_device_call(
+              *rt, c, *engine, pool, opt, reads,
+              [&](coll::DeviceCall& d) {
+                d.group = head[0];
+                d.rank = head[1];
+              },
+              small);
         }
         nb::dict d;
+        d["small"] = r.small;
         d["chunks"] = r.chunks;
         d["depth"] = r.depth;
         d["staged_bytes"] = r.staged_bytes;
@@ -717,7 +741,8 @@ NB_MODULE(_core, m) {
       },
       nb::arg("comm_id"), nb::arg("group"), nb::arg("rank"), nb::arg("run_id"), nb::arg("op_id"), nb::arg("kind"),
       nb::arg("dtype"), nb::arg("op"), nb::arg("root"), nb::arg("inp"), nb::arg("out"), nb::arg("pool"), nb::arg("chunk_bytes"),
-      nb::arg("depth") = 3, nb::arg("fail_after") = -1, nb::arg("timeout") = 30.0, nb::arg("device_fold") = true);
+      nb::arg("depth") = 3, nb::arg("fail_after") = -1, nb::arg("timeout") = 30.0, nb::arg("device_fold") = true,
+      nb::arg("small") = true);
   m.def(
       "runtime_install",
       [](std::shared_ptr<Endpoint> ep, std::shared_ptr<coll::Executor> ex, int my_process, double timeout_s) {

@@ -49,6 +49,13 @@ class CopyEngine {
                             coll::DType t, coll::ReduceOp op, FoldShape shape, std::function<void()> done) = 0;
   // The caller's work queued after this call sees every to_device copy's bytes.
   virtual void finish() = 0;
+  // The small path, on the caller's own order (CUDA: XLA's stream), not the engine's:
+  // read_now copies device -> host after the work the caller queued before, and returns
+  // when the bytes are on the host (one wait), and when the host memory of the last
+  // write_later may be written again. write_later queues host -> device copies that the
+  // caller's later work sees, and returns at once. Both throw r2ccl::Error (device).
+  virtual void read_now(const std::vector<Copy>& copies) = 0;
+  virtual void write_later(const std::vector<Copy>& copies) = 0;
   // Without waiting: empty, or why a queued copy failed (its `done` will then never run).
   virtual std::string failure() = 0;
   // Waits until every queued copy finished; throws r2ccl::Error (device) if one failed.

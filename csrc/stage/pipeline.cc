@@ -126,6 +126,13 @@ Groups& groups() {
 
 }  // namespace
 
+size_t slot_bytes(uint64_t chunk_bytes) {
+  // Every kind's step: in and out each at most chunk_bytes, out at the next 256 bytes after in.
+  return static_cast<size_t>((chunk_bytes + 255) / 256 * 256 + chunk_bytes);
+}
+
+size_t small_bytes(uint64_t chunk_bytes) { return static_cast<size_t>(std::min<uint64_t>(64 << 10, chunk_bytes)); }
+
 uint64_t chunk_elements(coll::Kind kind, int n_ranks, size_t esize, uint64_t chunk_bytes) {
   Geometry g = geometry(kind, 0, n_ranks);
   const uint64_t widest = static_cast<uint64_t>(std::max(g.in_rows, g.out_rows)) * esize;
@@ -153,7 +160,8 @@ PipelineResult run_staged(coll::Runtime& rt, const coll::DeviceCall& call, CopyE
   const Geometry g = geometry(call.kind, call.count, n);
   const uint64_t U = chunk_elements(call.kind, n, es, opt.chunk_bytes);
   const uint64_t N = g.seg == 0 ? 1 : (g.seg + U - 1) / U;
-  const size_t in_bytes = U * g.in_rows * es, out_bytes = U * g.out_rows * es;
+  const uint64_t step = std::min(U, std::max<uint64_t>(g.seg, 1));   // a call of one short chunk stages only that
+  const size_t in_bytes = step * g.in_rows * es, out_bytes = step * g.out_rows * es;
   const size_t out_at = (in_bytes + 255) / 256 * 256;
 
   // Staging: up to `depth` steps, at least one (else the bound is too small for one step).
@@ -167,7 +175,8 @@ PipelineResult run_staged(coll::Runtime& rt, const coll::DeviceCall& call, CopyE
   if (slots.empty()) {
     Error e(Cause::kInvalidArgument, -1,
                 "R2CCL_STAGING_BYTES (" + std::to_string(pool.capacity()) + ") cannot hold one staging step of " +
-                    std::to_string(out_at + out_bytes) + " bytes (R2CCL_STAGING_CHUNK_BYTES " +
+                    std::to_string(out_at + out_bytes) + " bytes in slots of " + std::to_string(pool.slot_bytes()) +
+                    " (R2CCL_STAGING_CHUNK_BYTES " +
                     std::to_string(opt.chunk_bytes) + ", " + coll::kind_name(call.kind) + " over " +
                     std::to_string(n) + " ranks): raise it or lower the chunk size");
     abandon_staged(rt, call, opt, e);
@@ -399,6 +408,76 @@ PipelineResult run_staged(coll::Runtime& rt, const coll::DeviceCall& call, CopyE
   }
   if (sh->err) throw *sh->err;
   return res;
+}
+
+namespace {
+
+// The small path (see pipeline.h): the input is already in `sa.in`.
+PipelineResult run_small(coll::Runtime& rt, const coll::DeviceCall& call, CopyEngine& engine, const SmallArea& sa,
+                         const PipelineOptions& opt) {
+  int n = 0;
+  std::string bad = rt.check(call, &n);
+  if (!bad.empty()) throw Error(Cause::kInvalidArgument, -1, bad);
+  const size_t es = coll::dtype_size(call.dtype);
+  const Geometry g = geometry(call.kind, call.count, n);
+  const uint64_t U = chunk_elements(call.kind, n, es, opt.chunk_bytes);
+  coll::DeviceCall sub = chunk_call(call, g, U, 0, sa.in, static_cast<size_t>(sa.out - sa.in));
+  struct Wait {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+    std::optional<Error> err;
+  };
+  auto w = std::make_shared<Wait>();   // the callback may hold it for an instant after we return
+  sub.done = [w](const Error* e) {
+    std::lock_guard<std::mutex> gl(w->mu);
+    if (e) w->err = *e;
+    w->done = true;
+    w->cv.notify_all();
+  };
+  rt.device_call(std::move(sub));   // may complete (or fail) at once
+  {
+    // Unbounded here: the chunk's collective ends by its own timeouts, like run_staged's.
+    std::unique_lock<std::mutex> lk(w->mu);
+    w->cv.wait(lk, [&] { return w->done; });
+    if (w->err) throw *w->err;
+  }
+  const size_t out_bytes = call.out_count * es;
+  if (out_bytes > 0) engine.write_later({{call.out, sa.out, out_bytes, 1, out_bytes, out_bytes}});
+  PipelineResult res;
+  res.small = true;
+  res.chunks = 1;
+  return res;
+}
+
+}  // namespace
+
+PipelineResult run_device_call(coll::Runtime& rt, coll::DeviceCall call, CopyEngine& engine, StagingPool& pool,
+                               const PipelineOptions& opt, const std::vector<Copy>& head,
+                               const std::function<void(coll::DeviceCall&)>& decoded, bool allow_small) {
+  const size_t es = coll::dtype_size(call.dtype);
+  const size_t in_bytes = call.count * es, out_bytes = call.out_count * es;
+  const SmallArea sa = pool.small();
+  // At most one chunk (so the wire sees chunk 0 of a one-chunk staged call) and within the area.
+  const size_t limit = std::min<size_t>(sa.bytes, opt.chunk_bytes);
+  const bool small = allow_small && in_bytes <= limit && out_bytes <= limit;
+  std::vector<Copy> reads = head;
+  if (small && in_bytes > 0) reads.push_back({sa.in, call.in, in_bytes, 1, in_bytes, in_bytes});
+  engine.read_now(reads);
+  try {
+    decoded(call);
+  } catch (const Error& e) {
+    abandon_staged(rt, call, opt, e);
+    throw;
+  } catch (const std::exception& e) {
+    abandon_staged(rt, call, opt, Error(Cause::kInternal, -1, e.what()));
+    throw;
+  } catch (...) {
+    abandon_staged(rt, call, opt, Error(Cause::kInternal, -1, "an exception of unknown type"));
+    throw;
+  }
+  if (small) return run_small(rt, call, engine, sa, opt);
+  return run_staged(rt, call, engine, pool, opt);
 }
 
 }  // namespace r2ccl::stage

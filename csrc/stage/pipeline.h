@@ -16,11 +16,20 @@
 // pool, so every process cuts the same chunks (a process configured otherwise fails with
 // a mismatch on the first chunk).
 //
+// Small calls. A collective whose bytes fit the pool's small area (64 KiB each way, at most
+// one chunk) skips the pipeline: its input is read together with the group and rank
+// operands in one wait (CopyEngine::read_now), the collective runs on the small area, and
+// the result is queued back (CopyEngine::write_later) without waiting: one wait per call
+// instead of four. On the wire it is chunk 0 of a one-chunk staged call (same op id, same
+// count), so a process that stages it and one that takes the small path still match.
+//
 // Blocking: run() returns when the result is on the device (the caller's later work is
 // ordered after it) or throws r2ccl::Error; it never returns with a copy or a chunk's
 // collective still in flight, so staging is never released under a transfer.
 #pragma once
 #include <cstdint>
+#include <functional>
+#include <vector>
 
 #include "base/error.h"
 #include "coll/runtime.h"
@@ -40,11 +49,17 @@ struct PipelineOptions {
 };
 
 struct PipelineResult {
+  bool small = false;        // the small path (one wait, no pipeline)
   uint64_t chunks = 0;       // collectives the call was cut into
   int depth = 0;             // steps that were in flight at most
   uint64_t staged_bytes = 0; // host staging the call held
   bool device_fold = false;  // the local ranks' inputs were folded on the devices
 };
+
+// The bytes of one pool slot: the largest step any kind needs with chunks of `chunk_bytes`.
+size_t slot_bytes(uint64_t chunk_bytes);
+// The small area's bytes each way: 64 KiB, or one chunk where chunks are smaller.
+size_t small_bytes(uint64_t chunk_bytes);
 
 // Elements per chunk (U above) for a collective of `kind` over `n_ranks` with element size `esize`.
 uint64_t chunk_elements(coll::Kind kind, int n_ranks, size_t esize, uint64_t chunk_bytes);
@@ -53,6 +68,15 @@ uint64_t chunk_elements(coll::Kind kind, int n_ranks, size_t esize, uint64_t chu
 // copies; call.done is not used). Throws r2ccl::Error.
 PipelineResult run_staged(coll::Runtime& rt, const coll::DeviceCall& call, CopyEngine& engine, StagingPool& pool,
                           const PipelineOptions& opt);
+
+// One local rank's whole call, as a device handler runs it: reads `head` (device -> the
+// pool's small area; the handler's group and rank operands) after the caller's queued work,
+// together with the input when the call is small, then `decoded(call)` fills in what the
+// head held (it may throw); then the small path or run_staged. On an error after decoding,
+// the call's chunks are abandoned for the process's other local ranks. Throws r2ccl::Error.
+PipelineResult run_device_call(coll::Runtime& rt, coll::DeviceCall call, CopyEngine& engine, StagingPool& pool,
+                               const PipelineOptions& opt, const std::vector<Copy>& head,
+                               const std::function<void(coll::DeviceCall&)>& decoded, bool allow_small = true);
 
 // For a caller that fails before run_staged could start (e.g. it could not read its group
 // and rank): counts every chunk of `call` as made and fails them for the process's other

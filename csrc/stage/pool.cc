@@ -25,11 +25,36 @@ class HostAllocator final : public Allocator {
 
 std::unique_ptr<Allocator> host_allocator() { return std::make_unique<HostAllocator>(); }
 
-StagingPool::StagingPool(std::unique_ptr<Allocator> alloc, uint64_t capacity_bytes)
-    : alloc_(std::move(alloc)), cap_(capacity_bytes) {}
+StagingPool::StagingPool(std::unique_ptr<Allocator> alloc, uint64_t capacity_bytes, size_t slot_bytes,
+                         size_t small_bytes)
+    : alloc_(std::move(alloc)),
+      cap_(capacity_bytes),
+      slot_((std::max<size_t>(slot_bytes, 1) + kAlign - 1) / kAlign * kAlign),
+      small_bytes_(small_bytes) {}
 
 StagingPool::~StagingPool() {
   for (auto& b : bufs_) alloc_->release(b.p);   // a lease must not outlive its pool
+  if (small_) alloc_->release(small_);
+}
+
+SmallArea StagingPool::small_locked() {
+  if (!small_) small_ = static_cast<uint8_t*>(alloc_->allocate(kSmallHeadBytes + 2 * small_bytes_));
+  return {small_, small_ + kSmallHeadBytes, small_ + kSmallHeadBytes + small_bytes_, small_bytes_};
+}
+
+SmallArea StagingPool::small() {
+  std::lock_guard<std::mutex> g(mu_);
+  return small_locked();
+}
+
+void StagingPool::reserve(int slots) {
+  std::lock_guard<std::mutex> g(mu_);
+  small_locked();
+  while (static_cast<int>(bufs_.size()) < slots && allocated_ + slot_ <= cap_) {
+    bufs_.push_back({static_cast<uint8_t*>(alloc_->allocate(slot_)), false});
+    allocated_ += slot_;
+    allocations_++;
+  }
 }
 
 StagingPool::Lease& StagingPool::Lease::operator=(Lease&& o) noexcept {
@@ -50,38 +75,29 @@ StagingPool::Lease::~Lease() {
 }
 
 StagingPool::Lease StagingPool::try_acquire(size_t bytes) {
-  bytes = (std::max<size_t>(bytes, 1) + kAlign - 1) / kAlign * kAlign;
   Lease l;
+  if (bytes > slot_) return l;
   std::lock_guard<std::mutex> g(mu_);
-  Buf* best = nullptr;   // the smallest free buffer that is large enough
+  Buf* got = nullptr;
   for (auto& b : bufs_)
-    if (!b.used && b.n >= bytes && (!best || b.n < best->n)) best = &b;
-  if (!best) {
-    // Drop free buffers, smallest first, until the new one fits under the bound.
-    std::sort(bufs_.begin(), bufs_.end(), [](const Buf& a, const Buf& b) { return a.n < b.n; });
-    for (size_t i = 0; i < bufs_.size() && allocated_ + bytes > cap_;) {
-      if (!bufs_[i].used) {
-        alloc_->release(bufs_[i].p);
-        allocated_ -= bufs_[i].n;
-        bufs_.erase(bufs_.begin() + static_cast<std::ptrdiff_t>(i));
-      } else {
-        i++;
-      }
+    if (!b.used) {
+      got = &b;
+      break;
     }
-    if (allocated_ + bytes > cap_) return l;
-    auto* p = static_cast<uint8_t*>(alloc_->allocate(bytes));
-    bufs_.push_back({p, bytes, false});
-    allocated_ += bytes;
-    allocations_++;
-    best = &bufs_.back();
-  } else {
+  if (got) {
     reuses_++;
+  } else {
+    if (allocated_ + slot_ > cap_) return l;
+    bufs_.push_back({static_cast<uint8_t*>(alloc_->allocate(slot_)), false});
+    allocated_ += slot_;
+    allocations_++;
+    got = &bufs_.back();
   }
-  best->used = true;
-  in_use_ += best->n;
+  got->used = true;
+  in_use_ += slot_;
   l.pool_ = this;
-  l.p_ = best->p;
-  l.n_ = best->n;
+  l.p_ = got->p;
+  l.n_ = slot_;
   return l;
 }
 
@@ -90,14 +106,14 @@ void StagingPool::give_back(uint8_t* p) {
   for (auto& b : bufs_)
     if (b.p == p) {
       b.used = false;
-      in_use_ -= b.n;
+      in_use_ -= slot_;
       return;
     }
 }
 
 PoolStats StagingPool::stats() {
   std::lock_guard<std::mutex> g(mu_);
-  return {cap_, allocated_, in_use_, allocations_, reuses_};
+  return {cap_, slot_, allocated_, in_use_, allocations_, reuses_};
 }
 
 }  // namespace r2ccl::stage

@@ -1,7 +1,14 @@
-// Host staging buffers (pinned, on CUDA) for one device, reused across calls and bounded in
-// total size (R2CCL_STAGING_BYTES). The memory itself comes from an Allocator: page-locked
-// memory from the CUDA driver, or plain aligned memory for tests and CPU. A buffer is handed
-// out whole to one pipeline at a time. Knows nothing of CUDA or XLA.
+// Host staging for one device: slots of one size (the largest step of the chunk pipeline),
+// reused across calls and bounded in number by R2CCL_STAGING_BYTES, and a small area (the
+// group and rank operands, and a small collective's input and output) for the path that
+// reads them in one wait. The memory comes from an Allocator: page-locked memory from the
+// CUDA driver, or plain aligned memory for tests and CPU.
+//
+// Allocation happens in reserve(), when the runtime prepares the device, not inside a
+// collective; a slot reserve() did not make is made at its first use. Nothing is freed
+// before the pool is destroyed: freeing pinned memory (cudaFreeHost) synchronises the
+// whole device, which a collective must never do behind XLA's back. A slot is handed out
+// whole to one pipeline at a time. Knows nothing of CUDA or XLA.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -24,15 +31,28 @@ std::unique_ptr<Allocator> host_allocator();   // 4 KiB-aligned operator new
 
 struct PoolStats {
   uint64_t capacity_bytes = 0;   // the bound
+  uint64_t slot_bytes = 0;       // every slot's size
   uint64_t allocated_bytes = 0;  // held from the allocator now (in use or free)
   uint64_t in_use_bytes = 0;
   uint64_t allocations = 0;      // allocator calls so far (stays flat when buffers are reused)
   uint64_t reuses = 0;           // buffers handed out again without allocating
 };
 
+// The small area: `head` holds the group and rank operands (and room to spare), `in` and
+// `out` a small collective's bytes, `bytes` each.
+struct SmallArea {
+  uint8_t* head = nullptr;
+  uint8_t* in = nullptr;
+  uint8_t* out = nullptr;
+  size_t bytes = 0;
+};
+inline constexpr size_t kSmallHeadBytes = 256;
+
 class StagingPool {
  public:
-  StagingPool(std::unique_ptr<Allocator> alloc, uint64_t capacity_bytes);
+  // Slots of `slot_bytes` (rounded up to 4 KiB), as many as `capacity_bytes` holds; a small
+  // area of `small_bytes` each way. Allocates nothing yet.
+  StagingPool(std::unique_ptr<Allocator> alloc, uint64_t capacity_bytes, size_t slot_bytes, size_t small_bytes);
   ~StagingPool();
   StagingPool(const StagingPool&) = delete;
   StagingPool& operator=(const StagingPool&) = delete;
@@ -54,25 +74,33 @@ class StagingPool {
     size_t n_ = 0;
   };
 
-  // A buffer of at least `bytes`: a free one when one is large enough, else a new one,
-  // dropping free buffers to stay under the bound. Returns an empty lease when the bound
-  // leaves no room (in-use buffers are never taken back).
+  // Allocates the small area and slots until `slots` exist (fewer where the bound says so).
+  // Throws r2ccl::Error when the allocator fails.
+  void reserve(int slots);
+  // A slot for a step of `bytes`: a free one, else a new one while the bound has room.
+  // Empty when `bytes` exceeds the slot size or every slot the bound allows is in use.
   Lease try_acquire(size_t bytes);
+  // The small area (allocated on first use if reserve() did not); one caller at a time.
+  SmallArea small();
   PoolStats stats();
   uint64_t capacity() const { return cap_; }
+  size_t slot_bytes() const { return slot_; }
 
  private:
   struct Buf {
     uint8_t* p;
-    size_t n;
     bool used;
   };
   void give_back(uint8_t* p);
+  SmallArea small_locked();
 
   std::unique_ptr<Allocator> alloc_;
   const uint64_t cap_;
+  const size_t slot_;
+  const size_t small_bytes_;
   std::mutex mu_;
   std::vector<Buf> bufs_;
+  uint8_t* small_ = nullptr;
   uint64_t allocated_ = 0, in_use_ = 0, allocations_ = 0, reuses_ = 0;
 };
 

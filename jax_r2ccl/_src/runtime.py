@@ -142,12 +142,30 @@ def initialize(*, nics: Sequence[str] | None = None, config: Config | None = Non
             _ffi_registered = True
         _current = Runtime(endpoint=ep, comm=comm, monitor=monitor, rank=rank, world=world, config=config,
                            generation=_generation)
+        try:
+            _prepare_gpus(jax)
+        except BaseException:
+            rt, _current = _current, None
+            rt.close(0.0)
+            raise
         if not _atexit_registered:
             # Runs before jax's own exit handlers (registered at import, so called later): the
             # runtime closes while the backends that run its computations still exist.
             atexit.register(shutdown)
             _atexit_registered = True
         return ep
+
+
+def _prepare_gpus(jax) -> None:
+    """Makes this process's GPUs' streams and pinned staging now, so that no collective
+    allocates (or frees) pinned memory inside XLA's launch: nothing to do without the CUDA
+    part, without a visible GPU, or where JAX runs on another platform."""
+    info = _core.cuda_info()
+    if not info["built"] or info["devices"] == 0:
+        return
+    ordinals = [d.local_hardware_id for d in jax.local_devices() if d.platform == "gpu"]
+    if ordinals:
+        _core.cuda_prepare(ordinals)   # logs each GPU's staging at INFO (R2CCL_DEBUG)
 
 
 def shutdown(timeout: float | None = None) -> None:
