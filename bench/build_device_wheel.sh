@@ -12,8 +12,10 @@
 #
 #   bench/build_device_wheel.sh          # -> dist/device/jax_r2ccl-*-cp312-cp312-linux_x86_64.whl
 # Env: PYTHON312 (python3.12), DEVICE_JAX (0.11.2), WHEEL_DIR (dist/device).
-# The build venv (jax, jaxlib, scikit-build-core, nanobind from the package registry) is kept
-# in build/device-venv-py312-jax$DEVICE_JAX and reused; a rebuild takes about a minute.
+# The build venv is kept in build/device-venv-py312-jax$DEVICE_JAX and reused (a rebuild takes
+# about a minute): jax, jaxlib, scikit-build-core and nanobind to build, and what the device
+# image has for the tests (pytest, pytest-timeout), so that it also stands in for the device's
+# Python in `bench/gpu_check.sh --dry-run`.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 JAXV=${DEVICE_JAX:-0.11.2}
@@ -29,11 +31,13 @@ if [[ -z "$PY" ]]; then
 fi
 [[ -n "$PY" ]] || { echo "build_device_wheel: no Python 3.12 here (set PYTHON312)"; exit 2; }
 VENV=$ROOT/build/device-venv-py312-jax$JAXV
-if ! "$VENV/bin/python" -c "import jax, jaxlib, scikit_build_core, nanobind; assert jax.__version__ == '$JAXV'" 2>/dev/null; then
+if ! "$VENV/bin/python" -c "import jax, jaxlib, scikit_build_core, nanobind, pytest, pytest_timeout
+assert jax.__version__ == '$JAXV'" 2>/dev/null; then
   echo "build_device_wheel: build venv $VENV (Python 3.12, jax/jaxlib $JAXV)"
   rm -rf "$VENV"
   "$PY" -m venv "$VENV"
-  "$VENV/bin/pip" install -q "jax==$JAXV" "jaxlib==$JAXV" "scikit-build-core>=0.10" "nanobind>=2.4"
+  "$VENV/bin/pip" install -q "jax==$JAXV" "jaxlib==$JAXV" "scikit-build-core>=0.10" "nanobind>=2.4" \
+    "pytest>=7" "pytest-timeout>=2"
 fi
 mkdir -p "$WHEEL_DIR"
 rm -f "$WHEEL_DIR"/jax_r2ccl-*.whl

@@ -22,7 +22,9 @@ import traceback
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-RAILS = ["127.0.0.1", "127.0.0.2"]
+# R2CCL_TEST_RAILS overrides them (bench/gpu_check.sh, where a sandboxed network stack refuses
+# to bind 127.0.0.2: two rails on 127.0.0.1 then, still two rails).
+RAILS = os.environ.get("R2CCL_TEST_RAILS", "127.0.0.1,127.0.0.2").split(",")
 # Fast failure detection; R2CCL_TIMEOUT (timeout_s) bounds a collective whose peers never come.
 FAST = dict(timeout_s=20.0, bootstrap_timeout_s=60.0, heartbeat_ms=100, stall_ms=500, reprobe_ms=100,
             connect_timeout_ms=2000)

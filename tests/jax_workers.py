@@ -669,6 +669,39 @@ def gpu_matrix(rank, world, local, sizes=(1000, 3_000_001)):
     return {"bad": bad, "ran": ran}
 
 
+def gpu_smoke(rank, world, local, chunk_bytes=4 << 20):
+    """The GPU check's first collectives, cheapest first, each bit for bit against the host
+    reference: an 8-byte psum (the small path), a psum of three staging chunks and one
+    element (the pipeline, its last chunk short), an all_gather and a psum_scatter. Each
+    runs twice (compile, then a timed call). Returns what ran, what was wrong, the times."""
+    jax, jnp, Mesh, NamedSharding, P = _jax()
+    import jax_r2ccl
+    from workers import _rank_input, host_reference
+    mesh, proc_of = _mesh_1d()
+    n = len(proc_of)
+    big = 3 * (chunk_bytes // 4) + 1
+    cases = [("psum 8 B", "all_reduce", 2, lambda v: jax_r2ccl.psum(v, "x")),
+             (f"psum {big * 4} B", "all_reduce", big, lambda v: jax_r2ccl.psum(v, "x")),
+             ("all_gather", "all_gather", 1000, lambda v: jax_r2ccl.all_gather(v, "x", tiled=True)),
+             ("psum_scatter", "reduce_scatter", n * 1000, lambda v: jax_r2ccl.psum_scatter(v, "x", tiled=True))]
+    out = {"ran": [], "bad": [], "seconds": {}}
+    for name, kind, count, body in cases:
+        ins = [_rank_input(kind, "float32", count, r, seed=11) for r in range(n)]
+        x = _per_rank_array(mesh, ins)
+        f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("x"), out_specs=P("x"), check_vma=False))
+        jax.block_until_ready(f(x))
+        t0 = time.monotonic()
+        got = jax.block_until_ready(f(x))
+        out["seconds"][name] = round(time.monotonic() - t0, 6)
+        ref = host_reference(kind, "sum", ins, proc_of)
+        for shard in got.addressable_shards:
+            r = int(mesh.devices.tolist().index(shard.device))
+            if np.asarray(shard.data).tobytes() != ref[r].tobytes():
+                out["bad"].append({"case": name, "rank": r})
+        out["ran"].append(name)
+    return out
+
+
 def gpu_rail_fault(rank, world, local, count=16 << 20, rate=40e6, wait_s=20.0):
     """A rail taken down while a 64 MiB psum of GPU buffers is on the wire: the result is
     bit-exact, the rail is seen failing, and the fault provably landed inside the collective:

@@ -6,6 +6,7 @@ the workers build every input per process (jax.make_array_from_callback; jax.dev
 global array runs an XLA all-gather), run only r2ccl collectives, time their faults after
 compilation, and check what they claim. Every result is checked bit for bit."""
 
+import importlib.util
 import os
 import sys
 
@@ -50,3 +51,33 @@ def test_the_gpu_matrix_and_mismatch_workers_need_no_xla_collective():
         assert res["after"]["ok"] and res["after"]["value"] == res["after"]["expected"], res
     rs = _run("gpu_subnormals", timeout=120)
     assert all(r["result"]["r2ccl_psum"] == 0.0 for r in rs), rs
+
+
+def test_the_gpu_smoke_is_exact_and_its_processes_log_the_same_run_ids(monkeypatch):
+    monkeypatch.setenv("R2CCL_DEBUG", "INFO")   # the one call line per collective
+    rs = _run("gpu_smoke", timeout=120)
+    smoke = _smoke_module()
+    for r in rs:
+        assert r["result"]["bad"] == [] and len(r["result"]["ran"]) == 4, r["result"]
+    agree, why = smoke.compare([smoke.calls(r["output"]) for r in rs])
+    assert agree, why
+    assert len(smoke.calls(rs[0]["output"])) == 8, rs[0]["output"][-2000:]   # 4 programs, each run twice
+
+
+def _smoke_module():
+    spec = importlib.util.spec_from_file_location("gpu_smoke", os.path.join(os.path.dirname(HERE), "bench",
+                                                                           "gpu_smoke.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_the_smoke_names_the_setting_that_makes_run_ids_agree_when_they_differ():
+    smoke = _smoke_module()
+    line = "[r2ccl 0 1.0 INFO] call: run {} op 1 comm 7 group 0 rank {} all_reduce 2 elements on cuda\n"
+    p0 = smoke.calls(line.format("a1", 0) + line.format("a2", 0))
+    assert p0 == [("a1", "1", 0, 0), ("a2", "1", 0, 0)]
+    assert smoke.compare([p0, smoke.calls(line.format("a1", 1) + line.format("a2", 1))])[0]
+    agree, why = smoke.compare([p0, smoke.calls(line.format("a1", 1) + line.format("b2", 1))])
+    assert not agree and "jax_share_binary_between_hosts" in why and "xla_gpu_autotune_level=0" in why, why
+    assert not smoke.compare([p0, []])[0]

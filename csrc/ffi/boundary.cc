@@ -1,6 +1,8 @@
 // The testing hook of boundary.h.
 #include "ffi/boundary.h"
 
+#include "base/log.h"
+
 #include <stdexcept>
 
 namespace r2ccl::ffi {
@@ -11,6 +13,13 @@ std::atomic<int>& injected_throw() {
 }
 
 void arm_injected_throw(InjectedThrow kind) { injected_throw().store(static_cast<int>(kind)); }
+
+void log_call(const coll::DeviceCall& c, const char* platform) {
+  R2_INFO("call: run %llx op %llx comm %llu group %lld rank %lld %s %llu elements on %s",
+          static_cast<unsigned long long>(c.run_id), static_cast<unsigned long long>(c.op_id),
+          static_cast<unsigned long long>(c.comm_id), static_cast<long long>(c.group), static_cast<long long>(c.rank),
+          coll::kind_name(c.kind), static_cast<unsigned long long>(c.count), platform);
+}
 
 void maybe_throw_injected() {
   if (injected_throw().load(std::memory_order_relaxed) == 0) return;

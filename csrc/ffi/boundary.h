@@ -21,6 +21,10 @@ namespace xffi = xla::ffi;
 // Testing: the armed injection (handlers.h, InjectedThrow).
 std::atomic<int>& injected_throw();
 void maybe_throw_injected();   // throws (and disarms) when armed; handlers call it after decoding
+// One line per call at INFO (R2CCL_DEBUG=INFO), once its group and rank are known:
+// "call: run R op O comm C group G rank K KIND N elements on PLATFORM". Processes of one
+// program log the same run ids (XLA's launch id); bench/gpu_check.sh compares them.
+void log_call(const coll::DeviceCall& c, const char* platform);
 
 inline bool to_dtype(xffi::DataType t, coll::DType* out) {
   using coll::DType;

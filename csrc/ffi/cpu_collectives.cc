@@ -75,6 +75,7 @@ xffi::Future collective_body(Progress& pr, xffi::RunId run_id, xffi::AnyBuffer x
                            *out, comm_id, op_id, kind, reduce_op, root);
   if (!bad.empty()) return ready_error(invalid(bad));
   pr.decoded = true;
+  log_call(c, "cpu");
   maybe_throw_injected();
   xffi::Promise promise;
   xffi::Future future(promise);

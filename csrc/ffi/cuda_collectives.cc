@@ -68,14 +68,7 @@ xffi::Error collective(cudaStream_t stream, xffi::RunId run_id, xffi::AnyBuffer 
                                                          [&](coll::DeviceCall& d) {
                                                            d.group = head[0];
                                                            d.rank = head[1];
-                                                           R2_INFO("cuda call: run %llx op %llx comm %llu group %d rank %d "
-                                                                   "%s %llu elements device %d",
-                                                                   static_cast<unsigned long long>(d.run_id),
-                                                                   static_cast<unsigned long long>(d.op_id),
-                                                                   static_cast<unsigned long long>(d.comm_id),
-                                                                   static_cast<int>(d.group), static_cast<int>(d.rank),
-                                                                   coll::kind_name(d.kind),
-                                                                   static_cast<unsigned long long>(d.count), ordinal);
+                                                           log_call(d, "cuda");
                                                            maybe_throw_injected();
                                                          });
         R2_TRACE("cuda call: op %llx done (%s, %llu chunks)", static_cast<unsigned long long>(c.op_id),

@@ -25,6 +25,11 @@ import numpy as np
 from .common import Column, Dist, add_common_args, format_size, format_table, median, write_json
 
 
+def _size(text: str) -> int:
+    from .common import parse_size
+    return parse_size(text)
+
+
 def add_args(p: argparse.ArgumentParser) -> None:
     add_common_args(p, default_sizes="64MiB")
     p.add_argument("--platform", default="cuda", choices=("cuda", "cpu"),
@@ -34,6 +39,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cpu-json", default=None, metavar="PATH",
                    help="`bench allreduce --json` of a CPU run: its busbw goes beside the GPU's")
     p.add_argument("--small-iters", type=int, default=300, help="calls timed for the 8-byte overhead row")
+    p.add_argument("--device-bytes", type=_size, default=None, metavar="SIZE",
+                   help="bytes of the copy-engine and kernel rows (default: the largest --sizes; the GPU check "
+                        "uses 1GiB, where launch and sync costs are noise)")
 
 
 def kernel_cases(count: int = 4099, seed: int = 0):
@@ -92,7 +100,7 @@ def main(args: argparse.Namespace) -> int:
     rows, wrong = [], 0
 
     if args.device_rows == "on" and args.process_id == 0:
-        for r in _core.cuda_bench(max(args.sizes), args.iters, 0, cfg.staging_chunk_bytes):
+        for r in _core.cuda_bench(args.device_bytes or max(args.sizes), args.iters, 0, cfg.staging_chunk_bytes):
             rows.append({"what": r["what"], "size": format_size(r["bytes"]), "ours": r["GBps"],
                          "baseline": r["baseline"], "base": r["baseline_GBps"], "unit": "GB/s",
                          "ratio": r["GBps"] / r["baseline_GBps"] if r["baseline_GBps"] else None})
