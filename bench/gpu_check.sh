@@ -275,7 +275,8 @@ GPU_TESTS=("$ROOT/$T::test_reduction_kernels_match_the_host_bit_for_bit"
            "$ROOT/tests/test_cuda_build.py")
 # dry run: the GPU tests' workers on CPU, with no XLA collective across processes
 [[ $DRY == 1 ]] && GPU_TESTS+=("$ROOT/tests/test_gpu_workers.py")
-if run pytest 240 env R2CCL_TEST_GPU_PROCESSES="$PROCS" "$PYTHON" -m pytest -q -rA --tb=short -p no:cacheprovider \
+# a launch ends (its ranks' stacks dumped 10 s before) before pytest's own per-test timeout
+if run pytest 240 env R2CCL_TEST_GPU_PROCESSES="$PROCS" R2CCL_TEST_RANK_TIMEOUT=105 "$PYTHON" -m pytest -q -rA --tb=short -p no:cacheprovider \
     --timeout=120 "${GPU_TESTS[@]}"; then
   summary=$(tail -1 "$LOGS/pytest.log")
   if [[ $DRY == 0 ]] && grep -q "^SKIPPED.*test_gpu" "$LOGS/pytest.log"; then
@@ -316,7 +317,7 @@ for r in res["results"]:
     elif "FFI overhead" in w:
         ok = dry or r["ours"] <= 30.0
         print(f"    {w}: {r['ours']:.1f} us over a {r['base']:.1f} us transport round trip (target <= 30 us): "
-              f"{'ok' if r['ours'] <= 30.0 else 'MISSED'}{' (dry run: CPU, not judged)' if dry else ''}")
+              f"{'not judged (dry run: CPU)' if dry else 'ok' if ok else 'MISSED'}")
     else:
         ok = True
         print(f"    {w} {r['size']}: {r['ours']:.3f} GB/s" + (f" beside {r['base']:.3f} GB/s on CPU" if r.get("base") else ""))

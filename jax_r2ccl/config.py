@@ -174,8 +174,9 @@ SETTINGS: tuple[Setting, ...] = (
             "Under R2CCL_ALGO=auto: the most processes one process exchanges data with directly in "
             "a collective; a larger group runs the ring."),
     Setting("R2CCL_STAGING_BYTES", "staging_bytes", int,
-            "GPU platform: bound on the pinned host staging of one GPU (a pool reused across calls; "
-            "a collective uses up to three steps of it at once)."),
+            "GPU platform: bound on the pinned host staging of one GPU: a pool of slots of two steps each, "
+            "reused across calls (a collective uses up to three at once). jax_r2ccl.initialize() allocates "
+            "three; none is freed before the process ends."),
     Setting("R2CCL_STAGING_CHUNK_BYTES", "staging_chunk_bytes", int,
             "GPU platform: bytes of one step of the device -> host -> network -> host -> device "
             "pipeline (copies, network and reduction of different steps overlap). Must be equal on "

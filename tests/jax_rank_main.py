@@ -71,8 +71,11 @@ def run_jax_ranks(func: str, world: int, *, local: int = 1, args: dict | None = 
     broadcast_one_to_all, sync_global_devices) raise instead of running an XLA collective
     across the processes: on a GPU that is NCCL, which refuses two processes on one GPU. The
     GPU tests' workers run so on CPU to show they need none."""
-    kw = dict(local=local, args=args, config=config, timeout=timeout, expect_fail=expect_fail, platform=platform,
-              xla_collectives=xla_collectives)
+    # R2CCL_TEST_RANK_TIMEOUT caps every launch (bench/gpu_check.sh: below pytest's per-test
+    # timeout, so that a hung rank's stacks and output reach the test's report).
+    cap = float(os.environ.get("R2CCL_TEST_RANK_TIMEOUT") or "inf")
+    kw = dict(local=local, args=args, config=config, timeout=min(timeout, cap), expect_fail=expect_fail,
+              platform=platform, xla_collectives=xla_collectives)
     try:
         return _run_jax_ranks(func, world, **kw)
     except RankFailed as e:

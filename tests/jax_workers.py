@@ -672,8 +672,9 @@ def gpu_matrix(rank, world, local, sizes=(1000, 3_000_001)):
 def gpu_smoke(rank, world, local, chunk_bytes=4 << 20):
     """The GPU check's first collectives, cheapest first, each bit for bit against the host
     reference: an 8-byte psum (the small path), a psum of three staging chunks and one
-    element (the pipeline, its last chunk short), an all_gather and a psum_scatter. Each
-    runs twice (compile, then a timed call). Returns what ran, what was wrong, the times."""
+    element (the pipeline, its last chunk short), an all_gather, a psum_scatter, and a psum
+    of a matmul's result. Each runs twice (compile, then a timed call). Returns what ran,
+    what was wrong, the times."""
     jax, jnp, Mesh, NamedSharding, P = _jax()
     import jax_r2ccl
     from workers import _rank_input, host_reference
@@ -684,16 +685,32 @@ def gpu_smoke(rank, world, local, chunk_bytes=4 << 20):
              (f"psum {big * 4} B", "all_reduce", big, lambda v: jax_r2ccl.psum(v, "x")),
              ("all_gather", "all_gather", 1000, lambda v: jax_r2ccl.all_gather(v, "x", tiled=True)),
              ("psum_scatter", "reduce_scatter", n * 1000, lambda v: jax_r2ccl.psum_scatter(v, "x", tiled=True))]
+    # A program with a dot: on a GPU its kernel is autotuned, and processes whose autotuning
+    # differs compile different programs (different run ids; bench/gpu_smoke.py names the
+    # fix). Small integers keep the product exact on any hardware (TF32 included).
+    k = 64
+
+    def matmul_psum(v):
+        a = v.reshape(k, k)
+        return jax_r2ccl.psum((a @ a.T).reshape(-1), "x")
+    cases.append(("psum of a matmul", "matmul", k * k, matmul_psum))
     out = {"ran": [], "bad": [], "seconds": {}}
+    rng = np.random.default_rng(11)
     for name, kind, count, body in cases:
-        ins = [_rank_input(kind, "float32", count, r, seed=11) for r in range(n)]
+        if kind == "matmul":
+            mats = [rng.integers(-2, 3, (k, k)).astype(np.float32) for _ in range(n)]
+            ins = [m.reshape(-1) for m in mats]
+            kind, ins_ref = "all_reduce", [(m.astype(np.float64) @ m.T.astype(np.float64)).astype(np.float32)
+                                            .reshape(-1) for m in mats]
+        else:
+            ins = ins_ref = [_rank_input(kind, "float32", count, r, seed=11) for r in range(n)]
         x = _per_rank_array(mesh, ins)
         f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("x"), out_specs=P("x"), check_vma=False))
         jax.block_until_ready(f(x))
         t0 = time.monotonic()
         got = jax.block_until_ready(f(x))
         out["seconds"][name] = round(time.monotonic() - t0, 6)
-        ref = host_reference(kind, "sum", ins, proc_of)
+        ref = host_reference(kind, "sum", ins_ref, proc_of)
         for shard in got.addressable_shards:
             r = int(mesh.devices.tolist().index(shard.device))
             if np.asarray(shard.data).tobytes() != ref[r].tobytes():

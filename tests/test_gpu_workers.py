@@ -58,10 +58,10 @@ def test_the_gpu_smoke_is_exact_and_its_processes_log_the_same_run_ids(monkeypat
     rs = _run("gpu_smoke", timeout=120)
     smoke = _smoke_module()
     for r in rs:
-        assert r["result"]["bad"] == [] and len(r["result"]["ran"]) == 4, r["result"]
+        assert r["result"]["bad"] == [] and len(r["result"]["ran"]) == 5, r["result"]
     agree, why = smoke.compare([smoke.calls(r["output"]) for r in rs])
     assert agree, why
-    assert len(smoke.calls(rs[0]["output"])) == 8, rs[0]["output"][-2000:]   # 4 programs, each run twice
+    assert len(smoke.calls(rs[0]["output"])) == 10, rs[0]["output"][-2000:]   # 5 programs, each run twice
 
 
 def _smoke_module():
