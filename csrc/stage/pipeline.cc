@@ -131,7 +131,9 @@ size_t slot_bytes(uint64_t chunk_bytes) {
   return static_cast<size_t>((chunk_bytes + 255) / 256 * 256 + chunk_bytes);
 }
 
-size_t small_bytes(uint64_t chunk_bytes) { return static_cast<size_t>(std::min<uint64_t>(64 << 10, chunk_bytes)); }
+size_t small_bytes(uint64_t chunk_bytes) {
+  return static_cast<size_t>(std::min<uint64_t>(coll::kSmallCollectiveBytes, chunk_bytes));
+}
 
 uint64_t chunk_elements(coll::Kind kind, int n_ranks, size_t esize, uint64_t chunk_bytes) {
   Geometry g = geometry(kind, 0, n_ranks);
@@ -151,15 +153,37 @@ void abandon_staged(coll::Runtime& rt, const coll::DeviceCall& call, const Pipel
   }
 }
 
+namespace {
+
+// How a call is cut: its group's size, element size, geometry, chunk elements and chunks.
+struct Cut {
+  int n = 0;
+  size_t es = 0;
+  Geometry g;
+  uint64_t U = 0, N = 0;
+};
+
+// Throws Error (invalid_argument) when the runtime refuses the call.
+Cut cut_of(coll::Runtime& rt, const coll::DeviceCall& call, const PipelineOptions& opt) {
+  Cut c;
+  std::string bad = rt.check(call, &c.n);
+  if (!bad.empty()) throw Error(Cause::kInvalidArgument, -1, bad);
+  c.es = coll::dtype_size(call.dtype);
+  c.g = geometry(call.kind, call.count, c.n);
+  c.U = chunk_elements(call.kind, c.n, c.es, opt.chunk_bytes);
+  c.N = c.g.seg == 0 ? 1 : (c.g.seg + c.U - 1) / c.U;
+  return c;
+}
+
+}  // namespace
+
 PipelineResult run_staged(coll::Runtime& rt, const coll::DeviceCall& call, CopyEngine& engine, StagingPool& pool,
                           const PipelineOptions& opt) {
-  int n = 0;
-  std::string bad = rt.check(call, &n);
-  if (!bad.empty()) throw Error(Cause::kInvalidArgument, -1, bad);
-  const size_t es = coll::dtype_size(call.dtype);
-  const Geometry g = geometry(call.kind, call.count, n);
-  const uint64_t U = chunk_elements(call.kind, n, es, opt.chunk_bytes);
-  const uint64_t N = g.seg == 0 ? 1 : (g.seg + U - 1) / U;
+  const Cut cut = cut_of(rt, call, opt);
+  const int n = cut.n;
+  const size_t es = cut.es;
+  const Geometry g = cut.g;
+  const uint64_t U = cut.U, N = cut.N;
   const uint64_t step = std::min(U, std::max<uint64_t>(g.seg, 1));   // a call of one short chunk stages only that
   const size_t in_bytes = step * g.in_rows * es, out_bytes = step * g.out_rows * es;
   const size_t out_at = (in_bytes + 255) / 256 * 256;
@@ -415,13 +439,8 @@ namespace {
 // The small path (see pipeline.h): the input is already in `sa.in`.
 PipelineResult run_small(coll::Runtime& rt, const coll::DeviceCall& call, CopyEngine& engine, const SmallArea& sa,
                          const PipelineOptions& opt) {
-  int n = 0;
-  std::string bad = rt.check(call, &n);
-  if (!bad.empty()) throw Error(Cause::kInvalidArgument, -1, bad);
-  const size_t es = coll::dtype_size(call.dtype);
-  const Geometry g = geometry(call.kind, call.count, n);
-  const uint64_t U = chunk_elements(call.kind, n, es, opt.chunk_bytes);
-  coll::DeviceCall sub = chunk_call(call, g, U, 0, sa.in, static_cast<size_t>(sa.out - sa.in));
+  const Cut cut = cut_of(rt, call, opt);
+  coll::DeviceCall sub = chunk_call(call, cut.g, cut.U, 0, sa.in, static_cast<size_t>(sa.out - sa.in));
   struct Wait {
     std::mutex mu;
     std::condition_variable cv;
@@ -442,7 +461,7 @@ PipelineResult run_small(coll::Runtime& rt, const coll::DeviceCall& call, CopyEn
     w->cv.wait(lk, [&] { return w->done; });
     if (w->err) throw *w->err;
   }
-  const size_t out_bytes = call.out_count * es;
+  const size_t out_bytes = call.out_count * cut.es;
   if (out_bytes > 0) engine.write_later({{call.out, sa.out, out_bytes, 1, out_bytes, out_bytes}});
   PipelineResult res;
   res.small = true;

@@ -58,7 +58,8 @@ struct PipelineResult {
 
 // The bytes of one pool slot: the largest step any kind needs with chunks of `chunk_bytes`.
 size_t slot_bytes(uint64_t chunk_bytes);
-// The small area's bytes each way: 64 KiB, or one chunk where chunks are smaller.
+// The small area's bytes each way: coll::kSmallCollectiveBytes (64 KiB), or one chunk where
+// chunks are smaller.
 size_t small_bytes(uint64_t chunk_bytes);
 
 // Elements per chunk (U above) for a collective of `kind` over `n_ranks` with element size `esize`.
