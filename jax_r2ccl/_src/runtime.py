@@ -160,11 +160,9 @@ def _prepare_gpus(jax) -> None:
     """Makes this process's GPUs' streams and pinned staging now, so that no collective
     allocates (or frees) pinned memory inside XLA's launch: nothing to do without the CUDA
     part, without a visible GPU, or where JAX runs on another platform."""
-    info = _core.cuda_info()
-    if not info["built"] or info["devices"] == 0:
-        return
+    # JAX's devices first: a process on CPU makes no CUDA call at all.
     ordinals = [d.local_hardware_id for d in jax.local_devices() if d.platform == "gpu"]
-    if ordinals:
+    if ordinals and _core.cuda_info()["built"]:
         _core.cuda_prepare(ordinals)   # logs each GPU's staging at INFO (R2CCL_DEBUG)
 
 
