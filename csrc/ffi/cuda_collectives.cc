@@ -60,14 +60,9 @@ xffi::Error collective(cudaStream_t stream, xffi::RunId run_id, xffi::AnyBuffer 
         cuda::check(cudaSetDevice(ordinal), "cudaSetDevice");
         auto engine = cuda::copy_engine(dev, stream);
         // The group and rank come from partition_id inside the program: read after the work
-        // XLA queued before this call, into the small area's head (with a small call's input).
-        auto* head = reinterpret_cast<int32_t*>(dev.pool->small().head);
-        const std::vector<stage::Copy> head_reads{{head, group.typed_data(), sizeof(int32_t), 1, 0, 0},
-                                                  {head + 1, rank.typed_data(), sizeof(int32_t), 1, 0, 0}};
-        stage::PipelineResult r = stage::run_device_call(*rt, c, *engine, *dev.pool, opt, head_reads,
-                                                         [&](coll::DeviceCall& d) {
-                                                           d.group = head[0];
-                                                           d.rank = head[1];
+        // XLA queued before this call (with a small call's input).
+        stage::PipelineResult r = stage::run_device_call(*rt, c, *engine, *dev.pool, opt, group.typed_data(),
+                                                         rank.typed_data(), [](const coll::DeviceCall& d) {
                                                            log_call(d, "cuda");
                                                            maybe_throw_injected();
                                                          });

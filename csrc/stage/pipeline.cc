@@ -472,17 +472,20 @@ PipelineResult run_small(coll::Runtime& rt, const coll::DeviceCall& call, CopyEn
 }  // namespace
 
 PipelineResult run_device_call(coll::Runtime& rt, coll::DeviceCall call, CopyEngine& engine, StagingPool& pool,
-                               const PipelineOptions& opt, const std::vector<Copy>& head,
-                               const std::function<void(coll::DeviceCall&)>& decoded, bool allow_small) {
+                               const PipelineOptions& opt, const void* group_operand, const void* rank_operand,
+                               const std::function<void(const coll::DeviceCall&)>& decoded, bool allow_small) {
   const size_t es = coll::dtype_size(call.dtype);
   const size_t in_bytes = call.count * es, out_bytes = call.out_count * es;
   const SmallArea sa = pool.small();
   // At most one chunk (so the wire sees chunk 0 of a one-chunk staged call) and within the area.
   const size_t limit = std::min<size_t>(sa.bytes, opt.chunk_bytes);
   const bool small = allow_small && in_bytes <= limit && out_bytes <= limit;
-  std::vector<Copy> reads = head;
+  auto* head = reinterpret_cast<int32_t*>(sa.head);
+  std::vector<Copy> reads{{head, group_operand, sizeof(int32_t), 1, 0, 0}, {head + 1, rank_operand, sizeof(int32_t), 1, 0, 0}};
   if (small && in_bytes > 0) reads.push_back({sa.in, call.in, in_bytes, 1, in_bytes, in_bytes});
   engine.read_now(reads);
+  call.group = head[0];
+  call.rank = head[1];
   try {
     decoded(call);
   } catch (const Error& e) {

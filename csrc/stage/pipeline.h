@@ -70,14 +70,15 @@ uint64_t chunk_elements(coll::Kind kind, int n_ranks, size_t esize, uint64_t chu
 PipelineResult run_staged(coll::Runtime& rt, const coll::DeviceCall& call, CopyEngine& engine, StagingPool& pool,
                           const PipelineOptions& opt);
 
-// One local rank's whole call, as a device handler runs it: reads `head` (device -> the
-// pool's small area; the handler's group and rank operands) after the caller's queued work,
-// together with the input when the call is small, then `decoded(call)` fills in what the
-// head held (it may throw); then the small path or run_staged. On an error after decoding,
-// the call's chunks are abandoned for the process's other local ranks. Throws r2ccl::Error.
+// One local rank's whole call, as a device handler runs it: reads the group and rank
+// operands (s32 scalars in device memory) into the pool's small area after the caller's
+// queued work, together with the input when the call is small, and sets call.group and
+// call.rank from them; then `decoded(call)` (logging; it may throw); then the small path or
+// run_staged. On an error after decoding, the call's chunks are abandoned for the process's
+// other local ranks. Throws r2ccl::Error.
 PipelineResult run_device_call(coll::Runtime& rt, coll::DeviceCall call, CopyEngine& engine, StagingPool& pool,
-                               const PipelineOptions& opt, const std::vector<Copy>& head,
-                               const std::function<void(coll::DeviceCall&)>& decoded, bool allow_small = true);
+                               const PipelineOptions& opt, const void* group_operand, const void* rank_operand,
+                               const std::function<void(const coll::DeviceCall&)>& decoded, bool allow_small = true);
 
 // For a caller that fails before run_staged could start (e.g. it could not read its group
 // and rank): counts every chunk of `call` as made and fails them for the process's other
