@@ -61,6 +61,11 @@ def _parse(argv):
         p.error("--fail-rail must be 0..3 (the demo has four rails)")
     if a.steps < 10:
         p.error("--steps must be at least 10")
+    fail = a.fail_step if a.fail_step is not None else a.steps // 3
+    heal = a.heal_step if a.heal_step is not None else a.steps // 2
+    if not 0 <= fail < heal < a.steps - 1:
+        p.error(f"need 0 <= fail step ({fail}) < heal step ({heal}) < steps - 1 ({a.steps - 1}): the rail "
+                f"must fail, heal and be seen back up before the last step")
     return a
 
 
@@ -165,6 +170,15 @@ class _Fault:
     def resent(self) -> int:
         return sum(s["retransmitted_chunks"] for s in self._stats()) - (self.resent_before or 0)
 
+    def settle(self) -> None:
+        """Before the run's last step: wait for the healed rail and keep what the checks read.
+        The peer is held in that last all-reduce until this process dispatches it, so it has not
+        shut down yet: read after the loop, a peer that finished first would already have closed
+        every rail (counted as failures, the healed rail no longer up)."""
+        self.recovered = self.wait_recovered()
+        self.final_stats = self._stats()
+        self.final_resent = self.resent()
+
     def wait_recovered(self, timeout_s: float = 10.0) -> bool:
         """After the heal: the rail is back up (re-dialled, re-admitted after the hold-down)."""
         deadline = time.monotonic() + timeout_s
@@ -249,6 +263,8 @@ def _worker(a) -> int:
         t0 = time.monotonic()
         for i in range(a.steps):
             faulty = run == "with failure" and fault is not None
+            if faulty and i == a.steps - 1:
+                fault.settle()
             params, loss = step(params, xs, ys)          # dispatched: runs while Python goes on
             trying = faulty and fail_step <= i < heal_step and fault.pending()
             if trying:
@@ -278,12 +294,10 @@ def _worker(a) -> int:
     identical = curves["fault-free"].tobytes() == curves["with failure"].tobytes()
     ok = identical
     if fault is not None:
-        recovered = fault.wait_recovered()
-        st = ep.rail_stats(peers[0])
+        recovered, st, resent = fault.recovered, fault.final_stats, fault.final_resent
         for s in st:
             print(f"[demo] rail {s['rail']} ({s['local_addr']}): failures {s['failures']}, recoveries "
                   f"{s['recoveries']}, chunks re-sent for others {s['retransmitted_chunks']}", flush=True)
-        resent = fault.resent()
         # Inside: the rail went down holding unacknowledged bytes of the step. They were re-sent
         # on the other rails, or (on loopback, where bytes already written are delivered at
         # once) acknowledged there: either way nothing was lost, which the loss curve checks.
