@@ -113,6 +113,7 @@ def bazel_build(tmp_path_factory):
     subprocess.run([_bazel(), "shutdown"], cwd=ROOT, env=env, capture_output=True, timeout=120)
 
 
+@pytest.mark.proof
 @pytest.mark.timeout(2700)
 def test_bazel_test_runs_every_cpp_test_offline(bazel_build):
     f, downloaded, r, _ = bazel_build
@@ -126,6 +127,7 @@ def test_bazel_test_runs_every_cpp_test_offline(bazel_build):
     assert {Path(p).stem for p in glob.glob(str(ROOT / "tests/cpp/*.cc"))} <= passed, text[-4000:]
 
 
+@pytest.mark.proof
 @pytest.mark.timeout(2700)
 def test_the_bazel_built_core_runs_a_two_process_all_reduce(bazel_build, tmp_path):
     _, _, r, env = bazel_build

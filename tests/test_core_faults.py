@@ -59,6 +59,7 @@ def pair(body: str, nics: int = 1, setup: str = "") -> str:
     return "import time\nimport numpy as np\n" + pre + textwrap.dedent(body)
 
 
+@pytest.mark.proof
 @pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None or shutil.which("ip") is None,
                     reason="needs root, unshare and ip (a private network namespace)")
 def test_connect_to_a_vanished_route_fails_at_once_with_its_cause():

@@ -2,8 +2,10 @@
 test_handshake, test_plan, test_rail_pace, test_channel_sim, test_verbs_host, test_socket_link), and the channel suite over two channels with a
 planted bug each (test_channel_sim_planted_dedup, _retransmit), which it must catch.
 
-test_channel_sim runs 100,000 seeded schedules (10,000 under the sanitizers, where each costs
-about ten times as much; 5,000 under ThreadSanitizer); a failure names its seed, and
+test_channel_sim runs 10,000 seeded schedules in the quick tier (seeds 1..10,000) and the next
+90,000 in the proof tier (test_channel_sim_long_schedules), 100,000 in all; 10,000 under
+AddressSanitizer + UBSan, where each costs about ten times as much, and 300 under
+ThreadSanitizer (proof tier, both). A failure names its seed, and
 `build/pytest-cpp/plain/test_channel_sim --seed S --schedules 1 --verbose` replays it.
 
 The tests are configured with -DR2CCL_CPP_TESTS=ON -DR2CCL_PYTHON_MODULE=OFF and built once per pytest session for each
@@ -28,7 +30,8 @@ ROOT = Path(__file__).resolve().parent.parent
 BUILD_ROOT = ROOT / "build" / "pytest-cpp"
 TARGETS = ("test_wire", "test_handshake", "test_digest", "test_reduce", "test_plan", "test_rail_pace", "test_channel_sim", "test_verbs_host", "test_socket_link")
 PLANTED = ("test_channel_sim_planted_dedup", "test_channel_sim_planted_retransmit")
-ARGS = {("test_channel_sim", "plain"): ["--schedules", "100000"],
+QUICK_SCHEDULES, ALL_SCHEDULES = 10_000, 100_000
+ARGS = {("test_channel_sim", "plain"): ["--schedules", str(QUICK_SCHEDULES)],
         ("test_channel_sim", "sanitize"): ["--schedules", "10000"],
         # The simulator is one thread: TSan has nothing to race there; a few schedules show
         # the instrumented build runs it (the threads are TSan's in test_sanitizers.py).
@@ -83,7 +86,8 @@ def _run(cmd: list[str], cwd: Path, what: str, timeout: float) -> None:
                     pytrace=False)
 
 
-@pytest.fixture(scope="module", params=list(VARIANTS))
+# The plain build in the quick tier; the sanitizer builds in the proof tier.
+@pytest.fixture(scope="module", params=[v if v == "plain" else pytest.param(v, marks=pytest.mark.proof) for v in VARIANTS])
 def cpp_build(request) -> tuple[str, Path]:
     """Configures and builds the C++ tests for one variant; yields (variant, build dir)."""
     cmake = _cmake()
@@ -139,16 +143,28 @@ def test_cpp(cpp_build, name):
 
 
 @pytest.mark.timeout(900)
+@pytest.mark.parametrize("cpp_build", ["plain"], indirect=True)   # once, without the sanitizers
 @pytest.mark.parametrize("name", PLANTED)
 def test_channel_suite_catches_a_planted_fault(cpp_build, name):
     """The same suite over channel.cc built with R2CCL_PLANT_FAULT (a dedup off-by-one, or a
     failed rail's newest chunk not sent again) must fail."""
-    variant, build_dir = cpp_build
-    if variant != "plain":
-        pytest.skip("the planted builds run once, without the sanitizers")
+    _variant, build_dir = cpp_build
     binary = build_dir / name
     assert binary.exists(), f"{binary} was not built"
     proc = subprocess.run([str(binary), "--expect-failure", "--schedules", "2000"], cwd=build_dir,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600)
     assert proc.returncode == 0 and "the planted fault was caught" in proc.stdout, proc.stdout[-5000:]
+    print(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.proof
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("cpp_build", ["plain"], indirect=True)
+def test_channel_sim_long_schedules(cpp_build):
+    """The schedules after the quick tier's: seeds QUICK_SCHEDULES+1 .. ALL_SCHEDULES (plain build)."""
+    _variant, build_dir = cpp_build
+    proc = subprocess.run([str(build_dir / "test_channel_sim"), "--seed", str(QUICK_SCHEDULES + 1),
+                           "--schedules", str(ALL_SCHEDULES - QUICK_SCHEDULES)], cwd=build_dir,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=800)
+    assert proc.returncode == 0 and "all checks passed" in proc.stdout, proc.stdout[-20000:]
     print(proc.stdout.strip().splitlines()[-1])

@@ -49,6 +49,7 @@ def _fatbin_entries(so: str):
     return entries
 
 
+@pytest.mark.variant
 @pytest.mark.skipif(not CUDA_OFF, reason="only for a build made with R2CCL_CUDA=off")
 def test_a_build_without_the_cuda_part_says_so_and_registers_no_cuda_target():
     info = _core.cuda_info()
@@ -58,6 +59,7 @@ def test_a_build_without_the_cuda_part_says_so_and_registers_no_cuda_target():
                                             text=True, cwd="/", timeout=120).stdout
 
 
+@pytest.mark.variant
 @pytest.mark.skipif(not NVCC or CUDA_OFF, reason="no CUDA toolkit on this machine (or an R2CCL_CUDA=off build)")
 def test_the_cuda_part_is_built_with_sm80_sm90_and_ptx_and_imports_without_a_driver():
     info = _core.cuda_info()

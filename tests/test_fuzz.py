@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.proof    # libFuzzer (clang) harnesses
+
 from test_cpp import _cmake, _ninja
 
 ROOT = Path(__file__).resolve().parent.parent

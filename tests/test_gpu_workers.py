@@ -10,6 +10,8 @@ import importlib.util
 import os
 import sys
 
+import pytest
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
@@ -25,10 +27,12 @@ def test_the_gpu_training_step_needs_no_xla_collective_and_is_exact():
     expect.train_step(_run("gpu_train_step", timeout=180))
 
 
+@pytest.mark.proof
 def test_the_gpu_rail_fault_lands_inside_the_collective_and_is_exact():
     expect.rail_fault(_run("gpu_rail_fault", timeout=180))
 
 
+@pytest.mark.proof
 def test_the_gpu_matrix_and_mismatch_workers_need_no_xla_collective():
     # the matrix at its small size only (the GPU run adds a size of several staging chunks)
     expect.matrix(_run("gpu_matrix", args={"sizes": [1000]}, timeout=300))

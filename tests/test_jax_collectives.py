@@ -36,7 +36,13 @@ def _merge_digests(results):
     return merged
 
 
-@pytest.fixture(scope="module", params=CONFIGS, ids=[f"{w}proc-x{l}dev" for w, l in CONFIGS])
+# The quick tier runs the matrix on 3 processes x 2 devices (a process count that is not a power
+# of two, several devices per process); the other shapes are the proof tier's.
+QUICK_CONFIG = (3, 2)
+
+
+@pytest.fixture(scope="module", ids=[f"{w}proc-x{l}dev" for w, l in CONFIGS],
+                params=[c if c == QUICK_CONFIG else pytest.param(c, marks=pytest.mark.proof) for c in CONFIGS])
 def matrix(request):
     world, local = request.param
     return world, local, run_jax_ranks("matrix", world, local=local, timeout=180)
@@ -181,7 +187,8 @@ def test_xla_collective_after_an_r2ccl_one_in_the_same_program_does_not_deadlock
         assert r["result"]["equal"], r
 
 
-@pytest.mark.parametrize("world,local,config", [(3, 2, {"algo": "ring"}), (4, 1, {"max_peers": 1})],
+@pytest.mark.parametrize("world,local,config", [(3, 2, {"algo": "ring"}),
+                                                pytest.param(4, 1, {"max_peers": 1}, marks=pytest.mark.proof)],
                          ids=["3x2,algo=ring", "4x1,auto,max_peers=1"])
 def test_every_jax_op_and_dtype_under_the_ring_equals_jax_lax(world, local, config):
     """jax_r2ccl.psum and friends inside shard_map under jit (tests/jax_workers.py:matrix) with

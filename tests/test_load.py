@@ -12,6 +12,7 @@ from harness import LOOPBACK4, run_ranks
 MiB = 1 << 20
 
 
+@pytest.mark.proof
 @pytest.mark.timeout(600)
 def test_a_hundred_thousand_collectives_leave_memory_and_descriptors_flat():
     n = 100_000
@@ -57,6 +58,7 @@ def test_a_strangers_storm_leaves_step_times_and_memory_where_they_were():
     assert fd1 <= fd0 + 2, (fd0, fd1)
 
 
+@pytest.mark.proof
 @pytest.mark.timeout(600)
 def test_a_thousand_small_collectives_in_flight_in_one_jitted_program():
     from jax_rank_main import run_jax_ranks

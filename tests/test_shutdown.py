@@ -11,7 +11,8 @@ for good (a completion never delivered: the process blocked reading a result, an
 PjRtCpuClient's destructor); examples/train_step.py hung, stalled 30 s ("silent for 30000 ms")
 or aborted with "corrupted double-linked list" in about 1 run of 5 under load.
 
-31 rounds and 20 runs of the example here; the rounds again with the core under ASan/UBSan
+31 rounds and 20 runs of the example here: 8 rounds and one run in the quick tier, the rest as
+the `repeat` cases of the proof tier; the quick tier's rounds again with the core under ASan/UBSan
 and under TSan (tests/test_sanitizers.py; fewer, R2CCL_SANITIZED_RUN), and two tests on the
 newest jax of the supported range (.ci/run): exit handlers and live arrays are jax's."""
 
@@ -97,7 +98,15 @@ def _rounds(n: int) -> int:
     return max(2, n // 5) if SANITIZED else n
 
 
-@pytest.mark.parametrize("world,rounds", [(2, 10), (4, 4)], ids=["2proc", "4proc"])
+def rounds(quick: int, repeat: int):
+    """`quick` rounds in the quick tier and `repeat` more in the proof tier (rare races need many)."""
+    return pytest.mark.parametrize("rounds", [pytest.param(quick, id="quick"),
+                                              pytest.param(repeat, id="repeat", marks=pytest.mark.proof)])
+
+
+@pytest.mark.parametrize("world,rounds", [(2, 2), (4, 1), pytest.param(2, 8, marks=pytest.mark.proof),
+                                          pytest.param(4, 3, marks=pytest.mark.proof)],
+                         ids=["2proc", "4proc", "2proc-repeat", "4proc-repeat"])
 def test_shutdown_with_steps_in_flight_waits_for_them_and_every_result_is_exact(world, rounds):
     # Every process dispatches 40 steps and calls shutdown() at once: shutdown waits for them
     # (the results are exact, checked in the process) and the processes exit 0, promptly.
@@ -109,18 +118,20 @@ def test_shutdown_with_steps_in_flight_waits_for_them_and_every_result_is_exact(
             assert c["exact"] == c["steps"] == 40, (i, rank, c)
 
 
-def test_interpreter_exit_with_steps_in_flight_closes_cleanly():
+@rounds(2, 4)
+def test_interpreter_exit_with_steps_in_flight_closes_cleanly(rounds):
     # No shutdown() and no look at a result: main() returns with 40 steps queued, and the
     # atexit hook must wait for them and close the runtime before jax's own exit handlers.
-    for _ in range(_rounds(6)):
+    for _ in range(_rounds(rounds)):
         check_round("exit", run_round("exit", 2))
 
 
-def test_a_peer_that_closes_first_fails_the_others_calls_at_once():
+@rounds(1, 3)
+def test_a_peer_that_closes_first_fails_the_others_calls_at_once(rounds):
     # Process 1 runs one step and shuts down; process 0 dispatched 40 whose collectives need
     # it: they fail at once with a jax_r2ccl error (the peer said goodbye), not after
     # R2CCL_TIMEOUT, and every result it did get is exact.
-    for _ in range(_rounds(4)):
+    for _ in range(_rounds(rounds)):
         res = run_round("peer_first", 2)
         check_round("peer_first", res)
         c0 = res[0]["after"]["checks"][0]
@@ -128,11 +139,12 @@ def test_a_peer_that_closes_first_fails_the_others_calls_at_once():
         assert all("r2ccl" in e for e in c0["errors"]), c0["errors"][:3]
 
 
-def test_shutdown_racing_a_failing_collective():
+@rounds(1, 3)
+def test_shutdown_racing_a_failing_collective(rounds):
     # The last step is a mismatch (process 1 reduces another shape) and shutdown() is called
     # while it fails: the 39 steps before it are exact everywhere, the last fails with a
     # jax_r2ccl error on every process, and every process exits 0.
-    for _ in range(_rounds(4)):
+    for _ in range(_rounds(rounds)):
         res = run_round("failing", 2)
         check_round("failing", res)
         for r in res:
@@ -140,8 +152,9 @@ def test_shutdown_racing_a_failing_collective():
             assert c["exact"] == 39 and c["failed"] == 1, c
 
 
-def test_initialize_after_a_shutdown_with_steps_in_flight():
-    for _ in range(_rounds(3)):
+@rounds(1, 2)
+def test_initialize_after_a_shutdown_with_steps_in_flight(rounds):
+    for _ in range(_rounds(rounds)):
         res = run_round("reinit", 2)
         check_round("reinit", res)
         for r in res:
@@ -149,12 +162,13 @@ def test_initialize_after_a_shutdown_with_steps_in_flight():
 
 
 @pytest.mark.skipif(SANITIZED, reason="the example as users run it: the plain build only")
-def test_train_step_example_ends_cleanly_20_times_in_a_row(record_property):
-    """examples/train_step.py as its docstring says, 2 processes, loopback rails, 20 times:
-    rc 0 on both, no "silent" line, nothing killed. Each run's wall time is recorded
-    (junit property and stdout)."""
+@rounds(1, 19)
+def test_train_step_example_ends_cleanly_20_times_in_a_row(record_property, rounds):
+    """examples/train_step.py as its docstring says, 2 processes, loopback rails, 20 times (once
+    in the quick tier, 19 more in the proof tier): rc 0 on both, no "silent" line, nothing
+    killed. Each run's wall time is recorded (junit property and stdout)."""
     times = []
-    for i in range(20):
+    for i in range(rounds):
         port = _free_port()
         env = dict(os.environ, R2CCL_NICS="127.0.0.1,127.0.0.2", PYTHONPATH=_package_parent())
         env.pop("XLA_FLAGS", None)

@@ -28,7 +28,7 @@ def _why_not():
     return vm.why_unavailable()
 
 
-pytestmark = pytest.mark.skipif(_why_not() is not None, reason=str(_why_not()))
+pytestmark = [pytest.mark.proof, pytest.mark.skipif(_why_not() is not None, reason=str(_why_not()))]
 
 
 def _port_states(guest):

@@ -87,13 +87,16 @@ def tags_out_of_order(ep, rank, world, n=300_000):
 
 
 def transfer_with_fault(ep, rank, world, nbytes, fault=None, fault_rail=1, fault_side=0, fault_after_s=0.2,
-                        rate=None, heal_after_s=None, iters=1, fault_cmd=None, heal_cmd=None, op_timeout=None):
+                        rate=None, heal_after_s=None, iters=1, fault_cmd=None, heal_cmd=None, op_timeout=None,
+                        until_rail_carries=None, max_extra_iters=40):
     """Rank 0 sends nbytes to rank 1 `iters` times; a fault hits one rail mid-transfer.
 
     rate: optional cap (bytes/s) on every rail of the sender, so the transfer lasts long
     enough for a fault to land in the middle on loopback. fault: an Endpoint.inject fault on
     rank `fault_side`, or fault_cmd: a shell command run by rank 0 (the test bed). op_timeout:
-    the send's and the receive's own deadline (default: R2CCL_TIMEOUT).
+    the send's and the receive's own deadline (default: R2CCL_TIMEOUT). until_rail_carries: a
+    rail of rank 0's; after `iters`, further iterations (at most max_extra_iters, rank 0 decides
+    and tells rank 1) until that rail has carried bytes: a healed rail joins on its own clock.
     """
     peer = 1 - rank
     if rate and rank == 0:
@@ -101,7 +104,19 @@ def transfer_with_fault(ep, rank, world, nbytes, fault=None, fault_rail=1, fault
             ep.inject(peer, s["rail"], "rate", rate)
     times, wrong = [], 0
     timers = []
-    for it in range(iters):
+    it = 0
+    while True:
+        if it >= iters:
+            if until_rail_carries is None or it >= iters + max_extra_iters:
+                break
+            more = np.zeros(1, np.uint8)
+            if rank == 0:
+                more[0] = ep.rail_stats(peer)[until_rail_carries]["tx_bytes"] == 0
+                ep.send(1, more, tag=98)
+            else:
+                ep.recv(0, more, tag=98)
+            if not more[0]:
+                break
         ref = pattern(nbytes, 5 + it)
         out = np.empty(nbytes, np.uint8)
         ready = np.empty(1, np.uint8)
@@ -144,6 +159,7 @@ def transfer_with_fault(ep, rank, world, nbytes, fault=None, fault_rail=1, fault
             # 0.05-0.7 s on a loaded 2-core machine, and once pushed a faulted run over its bound
             times.append(time.monotonic() - t0)
             wrong += int(not np.array_equal(out, ref))
+        it += 1
     for t in timers:
         t.join()
     stats = _stats_summary(ep, peer)
