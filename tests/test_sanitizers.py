@@ -63,13 +63,21 @@ def _build_and_stage(build: Path, option: str, stage: Path) -> None:
     shutil.copy(so, stage / "jax_r2ccl" / so.name)
 
 
-def _run_suites(stage: Path, env: dict, suites: tuple, cwd: Path):
+DURATIONS = ROOT / "build" / "sanitizer-durations"   # the child runs' slowest tests (.ci/run prints them)
+
+
+def _run_suites(stage: Path, env: dict, suites: tuple, cwd: Path, label: str):
     env = dict(env, PYTHONPATH=str(stage), R2CCL_SANITIZED_RUN="1")
     env.pop("PYTEST_ADDOPTS", None)     # CI's --require-all is the outer run's (the child leaves tests out)
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--timeout=600",
+                        "--durations=15",     # where the instrumented run spends its time (printed below)
                         "-m", "not timing",   # rates and times: asserted in the plain run
                         *(str(ROOT / "tests" / f) for f in suites)],
                        capture_output=True, text=True, timeout=1400, env=env, cwd=str(cwd))
+    slowest = r.stdout[r.stdout.find("slowest"):] if "slowest" in r.stdout else r.stdout[-3000:]
+    DURATIONS.mkdir(parents=True, exist_ok=True)
+    (DURATIONS / f"{label}.txt").write_text(slowest)
+    print(f"{label}:\n{slowest}")
     assert str(stage) in subprocess.run(
         [sys.executable, "-c", "import jax_r2ccl; print(jax_r2ccl.__file__)"], env=env, cwd=str(cwd),
         capture_output=True, text=True).stdout, "the child did not import the sanitized build"
@@ -96,7 +104,7 @@ def test_transport_suite_is_clean_under_asan_and_ubsan(tmp_path):
     env["UBSAN_OPTIONS"] = "print_stacktrace=1:halt_on_error=1:exitcode=87"
     r = _run_suites(stage, env, ("test_transport.py", "test_health.py", "test_plans.py", "test_staging.py",
                                  "test_core_faults.py", "test_communicator.py", "test_ring.py", "test_shutdown.py"),
-                    tmp_path)
+                    tmp_path, "asan")
     report = r.stdout[-8000:] + r.stderr[-4000:]
     assert r.returncode == 0, report
     assert "ERROR: AddressSanitizer" not in report and "runtime error:" not in report, report
@@ -120,7 +128,7 @@ def test_transport_collective_and_monitor_suites_are_clean_under_tsan(tmp_path):
         # Reports go to files (one per process: the ranks are child processes), checked below.
         env["TSAN_OPTIONS"] = (f"halt_on_error=0:exitcode=0:log_path={log}:second_deadlock_stack=1:"
                                f"report_signal_unsafe=0:suppressions={ROOT / 'tests' / 'tsan.supp'}{extra}")
-        r = _run_suites(stage, env, suites, tmp_path)
+        r = _run_suites(stage, env, suites, tmp_path, log.name)
         reports = "".join(p.read_text(errors="replace") for p in sorted(tmp_path.glob(log.name + ".*")))
         assert r.returncode == 0, r.stdout[-8000:] + r.stderr[-4000:]
         assert "ThreadSanitizer" not in reports, reports[:20000]
