@@ -8,11 +8,13 @@ AddressSanitizer + UBSan, where each costs about ten times as much, and 300 unde
 ThreadSanitizer (proof tier, both). A failure names its seed, and
 `build/pytest-cpp/plain/test_channel_sim --seed S --schedules 1 --verbose` replays it.
 
-The tests are configured with -DR2CCL_CPP_TESTS=ON -DR2CCL_PYTHON_MODULE=OFF and built once per pytest session for each
-variant (plain, AddressSanitizer + UBSan via -DR2CCL_SANITIZE=ON, ThreadSanitizer via
--DR2CCL_TSAN=ON: any report fails the test) under
-build/pytest-cpp/<variant>; only the test targets and the core library they link are built,
-not the Python extension. Warnings are errors (R2CCL_WERROR defaults ON).
+The tests are configured with -DR2CCL_CPP_TESTS=ON and built once per pytest session for each
+variant: plain (build/pytest-cpp/plain, -DR2CCL_PYTHON_MODULE=OFF: the test targets and the core
+library they link only), AddressSanitizer + UBSan (-DR2CCL_SANITIZE=ON) and ThreadSanitizer
+(-DR2CCL_TSAN=ON; any report fails the test). A sanitizer's folder (build/pytest-asan,
+build/pytest-tsan) is the one tests/test_sanitizers.py builds the Python extension in, with the
+same configuration (configure_sanitized): the core library is compiled once per sanitizer per
+run. Warnings are errors (R2CCL_WERROR defaults ON).
 """
 
 from __future__ import annotations
@@ -86,6 +88,31 @@ def _run(cmd: list[str], cwd: Path, what: str, timeout: float) -> None:
                     pytrace=False)
 
 
+SANITIZED_DIRS = {"sanitize": ROOT / "build" / "pytest-asan", "tsan": ROOT / "build" / "pytest-tsan"}
+
+
+def configure(variant: str) -> Path:
+    """Configures the build folder of `variant` (see the module's docstring) and returns it."""
+    cmake, ninja, cxx = _cmake(), _ninja(), _compiler()
+    build_dir = SANITIZED_DIRS.get(variant, BUILD_ROOT / variant)
+    args = [*cmake, "-S", str(ROOT), "-B", str(build_dir), "-G", "Ninja", f"-DCMAKE_MAKE_PROGRAM={ninja}",
+            f"-DCMAKE_CXX_COMPILER={cxx}", f"-DPython_EXECUTABLE={sys.executable}", "-DR2CCL_CPP_TESTS=ON",
+            *VARIANTS[variant]]
+    if variant == "plain":
+        args.append("-DR2CCL_PYTHON_MODULE=OFF")   # the C++ tests need neither nanobind nor jax
+    else:
+        # with the Python extension (tests/test_sanitizers.py), without the CUDA part: the
+        # sanitized suites run on the CPU, where CUDA code never runs
+        args += ["-DCMAKE_BUILD_TYPE=RelWithDebInfo", "-DR2CCL_CUDA=off"]
+    try:
+        _run(args, ROOT, f"cmake configure ({variant})", timeout=300)
+    except pytest.fail.Exception:
+        # A stale cache (other compiler, moved checkout) is the usual cause: start afresh once.
+        shutil.rmtree(build_dir, ignore_errors=True)
+        _run(args, ROOT, f"cmake configure ({variant})", timeout=300)
+    return build_dir
+
+
 # The plain build in the quick tier; the sanitizer builds in the proof tier.
 @pytest.fixture(scope="module", params=[v if v == "plain" else pytest.param(v, marks=pytest.mark.proof) for v in VARIANTS])
 def cpp_build(request) -> tuple[str, Path]:
@@ -101,24 +128,9 @@ def cpp_build(request) -> tuple[str, Path]:
         pytest.skip("no C++ compiler found ($CXX, c++, g++ or clang++)")
 
     variant = request.param
-    build_dir = BUILD_ROOT / variant
-    configure = [
-        *cmake, "-S", str(ROOT), "-B", str(build_dir), "-G", "Ninja",
-        f"-DCMAKE_MAKE_PROGRAM={ninja}",
-        f"-DCMAKE_CXX_COMPILER={cxx}",
-        f"-DPython_EXECUTABLE={sys.executable}",
-        "-DR2CCL_CPP_TESTS=ON",
-        "-DR2CCL_PYTHON_MODULE=OFF",   # the C++ tests need neither nanobind nor jax
-        *VARIANTS[variant],
-    ]
+    build_dir = configure(variant)
     build = [*cmake, "--build", str(build_dir), "--target", *TARGETS, *(PLANTED if variant == "plain" else ())]
-    try:
-        _run(configure, ROOT, f"cmake configure ({variant})", timeout=300)
-    except pytest.fail.Exception:
-        # A stale cache (other compiler, moved checkout) is the usual cause: start afresh once.
-        shutil.rmtree(build_dir, ignore_errors=True)
-        _run(configure, ROOT, f"cmake configure ({variant})", timeout=300)
-    _run(build, ROOT, f"build of {', '.join(TARGETS)} ({variant})", timeout=600)
+    _run(build, ROOT, f"build of {', '.join(TARGETS)} ({variant})", timeout=900)
     return variant, build_dir
 
 

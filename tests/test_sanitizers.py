@@ -21,11 +21,9 @@ import pytest
 
 pytestmark = pytest.mark.proof    # the suites again under ASan/UBSan and TSan
 
-from test_cpp import _cmake, _compiler, _ninja
+from test_cpp import SANITIZED_DIRS, _cmake, _compiler, _ninja, configure
 
 ROOT = Path(__file__).resolve().parent.parent
-BUILD = ROOT / "build" / "pytest-asan"
-TSAN_BUILD = ROOT / "build" / "pytest-tsan"
 # The engine, executor and monitor threads (transport, host collectives, health), the staging
 # pipeline's threads, and XLA's calling threads: two JAX programs (an r2ccl psum beside XLA's
 # own collective; a mismatch failing on every process). The whole JAX suite under TSan takes
@@ -45,16 +43,13 @@ def _runtime(name: str, cxx: str) -> str | None:
     return out if out and os.path.isabs(out) and os.path.exists(out) else None
 
 
-def _build_and_stage(build: Path, option: str, stage: Path) -> None:
-    """Builds _core with `option` in `build` and stages it beside a copy of the package."""
-    cmake, ninja, cxx = _cmake(), _ninja(), _compiler()
-    build.mkdir(parents=True, exist_ok=True)
-    cfg = cmake + ["-S", str(ROOT), "-B", str(build), "-G", "Ninja", f"-DCMAKE_MAKE_PROGRAM={ninja}",
-                   f"-DCMAKE_CXX_COMPILER={cxx}", f"-DPython_EXECUTABLE={sys.executable}", option,
-                   "-DCMAKE_BUILD_TYPE=RelWithDebInfo"]
-    r = subprocess.run(cfg, capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stdout + r.stderr
-    r = subprocess.run([ninja, "-C", str(build), "_core"], capture_output=True, text=True, timeout=1200)
+def _build_and_stage(variant: str, stage: Path) -> None:
+    """Builds _core in the sanitizer's build folder (shared with tests/test_cpp.py, which builds
+    the C++ tests there: one compile of the core library per sanitizer) and stages it beside a
+    copy of the package."""
+    build = configure(variant)
+    assert build == SANITIZED_DIRS[variant]
+    r = subprocess.run([_ninja(), "-C", str(build), "_core"], capture_output=True, text=True, timeout=1200)
     assert r.returncode == 0, r.stdout[-5000:] + r.stderr[-5000:]
     so = next(build.glob("_core*.so"))
     import jax_r2ccl
@@ -97,7 +92,7 @@ def test_transport_suite_is_clean_under_asan_and_ubsan(tmp_path):
     if not (asan and ubsan):
         pytest.skip("the compiler has no libasan/libubsan runtime")
     stage = tmp_path / "site"
-    _build_and_stage(BUILD, "-DR2CCL_SANITIZE=ON", stage)
+    _build_and_stage("sanitize", stage)
     env = dict(os.environ)
     env["LD_PRELOAD"] = f"{asan}:{ubsan}"
     env["ASAN_OPTIONS"] = "detect_leaks=0:abort_on_error=0:halt_on_error=1:exitcode=86"
@@ -119,7 +114,7 @@ def test_transport_collective_and_monitor_suites_are_clean_under_tsan(tmp_path):
     if not tsan:
         pytest.skip("the compiler has no libtsan runtime")
     stage = tmp_path / "site"
-    _build_and_stage(TSAN_BUILD, "-DR2CCL_TSAN=ON", stage)
+    _build_and_stage("tsan", stage)
     env = dict(os.environ)
     env["LD_PRELOAD"] = tsan
     for suites, extra, log in ((TSAN_SUITES, "", tmp_path / "tsan"),
