@@ -5,11 +5,13 @@ loopback, as any user, in minutes. The proof tier (`pytest -q tests --proof`) ad
 marked `proof`: what needs root (the `testbed` marker implies `proof`), emulated guests,
 sanitizers, fuzzing, the fault matrix, the soak, Bazel and the long schedules.
 
+A quick-tier test that skips for want of root fails (it belongs to the proof tier).
 `--require-all` (CI) fails every selected test that skips, unless it is marked `gpu` (a
 declared missing device) or `variant` (it belongs to the other CUDA build): a check CI meant to
 run must not vanish as a skip."""
 
 import os
+import re
 import sys
 
 import pytest
@@ -45,15 +47,23 @@ def pytest_collection_modifyitems(config, items):
         config._r2ccl_left_out = len(left)
 
 
+ROOT_WORD = re.compile(r"\broot\b")
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     outcome = yield
     report = outcome.get_result()
-    if not (report.skipped and item.config.getoption("--require-all")):
-        return
-    if hasattr(report, "wasxfail") or any(item.get_closest_marker(m) for m in DECLARED_SKIPS):
+    if not report.skipped or hasattr(report, "wasxfail"):
         return
     reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+    if item.get_closest_marker("proof") is None and ROOT_WORD.search(reason):
+        # the quick tier runs as any user: a test that needs root belongs to the proof tier
+        report.outcome = "failed"
+        report.longrepr = f"a quick-tier test skipped for want of root ({reason}): mark it proof"
+        return
+    if not item.config.getoption("--require-all") or any(item.get_closest_marker(m) for m in DECLARED_SKIPS):
+        return
     report.outcome = "failed"
     report.longrepr = (f"skipped under --require-all ({reason}): a test CI selects must run; mark it gpu or "
                        f"variant only where the skip is a declared missing device or the other build")

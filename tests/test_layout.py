@@ -175,3 +175,37 @@ def test_no_cpp_include_runs_across_a_layer():
                         if m.group(1) not in CPP_MAY_INCLUDE[folder] or (rel in CPP_NO_NET and m.group(1) == "net"):
                             bad.append(f"{rel}: {line.strip()}")
     assert not bad, "includes across a layer:\n" + "\n".join(bad)
+
+
+def test_the_tiers_and_the_skip_rules(tmp_path):
+    """tests/conftest.py: the quick tier leaves `proof` (and `testbed`) tests out; a quick-tier
+    test that skips for want of root fails; --require-all fails every skip but a gpu or variant
+    one."""
+    import shutil
+    shutil.copy(os.path.join(os.path.dirname(os.path.abspath(__file__)), "conftest.py"), tmp_path / "conftest.py")
+    (tmp_path / "test_tiers.py").write_text(
+        "import pytest\n"
+        "def test_quick(): pass\n"
+        "@pytest.mark.proof\ndef test_proof(): pass\n"
+        "@pytest.mark.testbed\ndef test_bed(): pass\n"
+        "def test_wants_root(): pytest.skip('needs root and ip')\n"
+        "def test_wants_clang(): pytest.skip('no clang here')\n"
+        "@pytest.mark.gpu\ndef test_gpu(): pytest.skip('no GPU')\n"
+        "@pytest.mark.variant\ndef test_other_build(): pytest.skip('the CUDA=off build only')\n")
+    (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n  proof\n  testbed\n  gpu\n  variant\n")
+
+    def run(*args):
+        r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider", *args],
+                           cwd=tmp_path, capture_output=True, text=True, timeout=120)
+        return r.stdout
+
+    quick = run()
+    assert "PASSED test_tiers.py::test_quick" in quick and "test_proof" not in quick and "test_bed" not in quick
+    assert "FAILED test_tiers.py::test_wants_root" in quick and "2 proof-tier tests not run" in quick, quick
+    assert "SKIPPED" in quick and "FAILED test_tiers.py::test_wants_clang" not in quick, quick
+    full = run("--proof", "--require-all")
+    for name in ("test_proof", "test_bed", "test_quick"):
+        assert f"PASSED test_tiers.py::{name}" in full, full
+    for name in ("test_wants_root", "test_wants_clang"):
+        assert f"FAILED test_tiers.py::{name}" in full, full
+    assert "FAILED test_tiers.py::test_gpu" not in full and "FAILED test_tiers.py::test_other_build" not in full, full
