@@ -129,8 +129,7 @@ def cpp_build(request) -> tuple[str, Path]:
 
     variant = request.param
     build_dir = configure(variant)
-    # A sanitizer's folder also builds the extension tests/test_sanitizers.py runs (CI builds it
-    # here, in its build lane, beside the test beds)
+    # A sanitizer's folder also builds the extension tests/test_sanitizers.py runs (one build step)
     build = [*cmake, "--build", str(build_dir), "--target", *TARGETS, *(PLANTED if variant == "plain" else ("_core",))]
     _run(build, ROOT, f"build of {', '.join(TARGETS)} ({variant})", timeout=900)
     return variant, build_dir
