@@ -13,7 +13,7 @@ variant: plain (build/pytest-cpp/plain, -DR2CCL_PYTHON_MODULE=OFF: the test targ
 library they link only), AddressSanitizer + UBSan (-DR2CCL_SANITIZE=ON) and ThreadSanitizer
 (-DR2CCL_TSAN=ON; any report fails the test). A sanitizer's folder (build/pytest-asan,
 build/pytest-tsan) is the one tests/test_sanitizers.py builds the Python extension in, with the
-same configuration (configure_sanitized): the core library is compiled once per sanitizer per
+same configuration (configure()): the core library is compiled once per sanitizer per
 run. Warnings are errors (R2CCL_WERROR defaults ON).
 """
 
