@@ -39,10 +39,25 @@ def test_every_setting_is_a_config_field_and_reaches_the_core():
     ({"R2CCL_IB_RETRY_COUNT": "8"}, "R2CCL_IB_RETRY_COUNT"),
     ({"R2CCL_DEBUG": "LOUD"}, "R2CCL_DEBUG"),
     ({"R2CCL_PORT": "70000"}, "R2CCL_PORT"),
+    ({"R2CCL_CHUNK_BYTES": "-65536"}, "R2CCL_CHUNK_BYTES='-65536' is not a valid int"),
+    ({"R2CCL_MAX_PEERS": "99999999999"}, "R2CCL_MAX_PEERS"),
+    ({"R2CCL_TIMEOUT": "nan"}, "R2CCL_TIMEOUT"),
+    ({"R2CCL_NIC_AFFINITY": "near"}, "R2CCL_NIC_AFFINITY"),
+    ({"R2CCL_BOOTSTRAP_TIMEOUT": "0"}, "R2CCL_BOOTSTRAP_TIMEOUT"),
+    ({"R2CCL_SECRET": "abc"}, "R2CCL_SECRET must be hex"),
+    ({"R2CCL_SECRET": "ab" * 15}, "R2CCL_SECRET must hold at least 16 bytes"),
 ])
 def test_bad_values_are_refused_with_the_setting_named(env, needle):
     with pytest.raises(R2cclError, match=needle):
         Config.from_env(env=env)
+
+
+def test_the_core_parser_reads_what_people_write():
+    cfg = Config.from_env(env={"R2CCL_CHUNK_BYTES": " 0x10000 ", "R2CCL_CRC": "On", "R2CCL_DEBUG": "warning",
+                               "R2CCL_TIMEOUT": "1e1", "R2CCL_IB_GID_INDEX": "-1", "R2CCL_BIND_DEVICE": ""})
+    assert (cfg.chunk_bytes, cfg.crc, cfg.debug, cfg.timeout_s, cfg.ib_gid_index, cfg.bind_device) == (
+        65536, True, "WARN", 10.0, -1, False)
+    assert cfg.sources(env={"R2CCL_CHUNK_BYTES": "65536"})["R2CCL_CRC"] == "override"
 
 
 def test_unknown_override_is_refused():

@@ -31,7 +31,7 @@ def _read(rel: str) -> str:
 def _struct_fields() -> list[str]:
     """The data members of `struct Config` in csrc/base/config.h, in declaration order."""
     body = re.search(r"struct Config \{(.*?)\n\};", _read("base/config.h"), re.S).group(1)
-    return re.findall(r"^\s+[\w:]+ (\w+) = [^;]+;", body, re.M)
+    return re.findall(r"^\s+[\w:]+ (\w+)(?: = [^;]+)?;", body, re.M)
 
 
 def _enumerators(rel: str, enum: str) -> list[str]:
@@ -39,6 +39,14 @@ def _enumerators(rel: str, enum: str) -> list[str]:
     body = re.search(r"enum class " + enum + r"\b[^{]*\{(.*?)\};", _read(rel), re.S).group(1)
     body = re.sub(r"//[^\n]*", "", body)
     return [re.match(r"\s*k(\w+)", e).group(1) for e in body.split(",") if e.strip()]
+
+
+def _size(n: int) -> str:
+    """65536 -> '64 KiB': how the settings' docs write a size."""
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift and n % (1 << shift) == 0:
+            return f"{n >> shift} {unit}"
+    return f"{n} bytes"
 
 
 def _snake(camel: str) -> str:
@@ -68,7 +76,7 @@ def test_exported_defaults_are_those_of_a_default_constructed_struct():
 def test_python_defaults_equal_the_core_defaults():
     py, core = Config(), _core.Config()
     for s in SETTINGS:
-        if s.python_only:
+        if s.field == "debug":
             continue
         want = getattr(core, s.field)
         assert getattr(py, s.field) == want and s.default == want, f"{s.env}: Python {getattr(py, s.field)!r}, C++ {want!r}"
@@ -83,7 +91,7 @@ def test_python_defaults_equal_the_core_defaults():
 
 def test_settings_and_core_fields_match_one_to_one():
     core_fields = set(_core.config_defaults())
-    shared = {s.field for s in SETTINGS if not s.python_only}
+    shared = {s.field for s in SETTINGS} - {"debug"}
     assert shared == core_fields - CORE_ONLY_FIELDS, (
         f"C++ fields without a setting: {sorted(core_fields - CORE_ONLY_FIELDS - shared)}; "
         f"settings not in C++: {sorted(shared - core_fields)}")
@@ -92,19 +100,39 @@ def test_settings_and_core_fields_match_one_to_one():
     assert len({s.env for s in SETTINGS}) == len(SETTINGS) == len({s.field for s in SETTINGS})
 
 
-def test_a_core_default_cannot_be_repeated_in_the_table():
-    with pytest.raises(TypeError, match="comes from the C\\+\\+ Config"):
-        config.Setting("R2CCL_X", "chunk_bytes", int, "doc", default=1 << 20)
-    with pytest.raises(TypeError, match="give its default"):
-        config.Setting("R2CCL_X", "no_such_field", int, "doc")
+def test_the_python_table_is_the_core_table():
+    # One table, in C++ (csrc/base/settings.cc): Python repeats no variable, kind, default or doc.
+    rows = _core.settings()
+    assert [(r["env"], r["field"], r["default"], r["doc"]) for r in rows] == [
+        (s.env, s.field, s.default, s.doc) for s in SETTINGS]
+    assert {r["kind"] for r in rows} <= set(_core.names()["setting_kinds"])
+    src = open(os.path.join(ROOT, "jax_r2ccl", "config.py")).read()
+    assert not re.search(r"Setting\(\s*[\"']R2CCL_", src), "config.py writes a row of its own: the table is C++'s"
 
 
 def test_each_setting_comment_in_the_header_names_its_setting():
     # config.h documents each field with its R2CCL_* name: the comment must name the right one.
     text = _read("base/config.h")
     for s in SETTINGS:
-        if not s.python_only:
-            assert re.search(rf"\b{s.field} = [^;]+;\s+// {s.env}:", text), f"{s.field} is not documented as {s.env}"
+        member = "debug_level" if s.field == "debug" else s.field
+        assert re.search(rf"\b{member}(?: = [^;]+)?;\s+// {s.env}:", text), f"{member} is not documented as {s.env}"
+
+
+def test_the_core_reads_the_process_environment_itself(tmp_path):
+    # What a process without Python (the NCCL plugin) reads: the C++ reader over getenv, not a
+    # dictionary handed down from Python.
+    env = dict(os.environ, R2CCL_CHUNK_BYTES="0x20000", R2CCL_CRC="yes", R2CCL_TIMEOUT="2.5",
+               R2CCL_DEBUG="info", R2CCL_NICS="lo, 127.0.0.1", R2CCL_SECRET="ab" * 16)
+    code = "from jax_r2ccl import _core; import json; print(json.dumps(_core.read_settings(None), sort_keys=True))"
+    r = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path, capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0, r.stderr
+    import json
+    assert json.loads(r.stdout) == {"chunk_bytes": 0x20000, "crc": True, "timeout_s": 2.5, "debug": "INFO",
+                                    "nics": "lo, 127.0.0.1", "secret": "ab" * 16}
+    # And the values Python's Config gets from the same environment are the same ones.
+    cfg = Config.from_env(env=env)
+    assert (cfg.chunk_bytes, cfg.crc, cfg.timeout_s, cfg.debug, cfg.nics) == (0x20000, True, 2.5, "INFO", "lo, 127.0.0.1")
 
 
 # ----------------------------------------------------------------------------- names
@@ -211,12 +239,12 @@ def test_constants_are_the_ones_the_core_checks_and_the_docs_quote():
         with pytest.raises(config.R2cclError, match=f"between {k['min_chunk_bytes']} and {k['max_chunk_bytes']}"):
             Config.from_env(env={}, chunk_bytes=bad, rail_window_bytes=max(bad, 1 << 20))
     doc = {s.field: s.doc for s in SETTINGS}
-    assert f"(<= {config._size(k['small_collective_bytes'])})" in doc["sync_wait_us"]
-    assert config._size(k["max_chunk_bytes"]) in doc["chunk_bytes"]
-    assert config._size(k["min_chunk_bytes"]) in doc["chunk_bytes"]
-    assert f"(<= {config._size(k['caller_path_bytes'])})" in doc["poll_us"]
-    assert f"(at most {config._size(k['eager_bytes_max'])})" in doc["eager_bytes"]
-    assert config._size(k["eager_held_bytes"]) in doc["eager_bytes"]
+    assert f"(<= {_size(k['small_collective_bytes'])})" in doc["sync_wait_us"]
+    assert _size(k["max_chunk_bytes"]) in doc["chunk_bytes"]
+    assert _size(k["min_chunk_bytes"]) in doc["chunk_bytes"]
+    assert f"(<= {_size(k['caller_path_bytes'])})" in doc["poll_us"]
+    assert f"(at most {_size(k['eager_bytes_max'])})" in doc["eager_bytes"]
+    assert _size(k["eager_held_bytes"]) in doc["eager_bytes"]
     assert f"(at most {k['io_threads_max']})" in doc["io_threads"]
     assert f"at least {k['io_cpus_per_nic']} CPUs per NIC" in doc["io_threads"]
     cpus = len(os.sched_getaffinity(0))
@@ -224,14 +252,14 @@ def test_constants_are_the_ones_the_core_checks_and_the_docs_quote():
         want = min(nics, k["io_threads_max"]) if nics >= 2 and cpus >= k["io_cpus_per_nic"] * nics else 0
         assert _core.io_threads_for(-1, nics) == want, (nics, cpus)
         assert _core.io_threads_for(3, nics) == 3
-    assert f"at most {config._size(k['caller_path_bytes'])} onto an idle" in doc["io_threads"]
+    assert f"at most {_size(k['caller_path_bytes'])} onto an idle" in doc["io_threads"]
     assert Config.from_env(env={}, io_threads=k["io_threads_max"]).io_threads == k["io_threads_max"]
     with pytest.raises(config.R2cclError, match="R2CCL_IO_THREADS"):
         Config.from_env(env={}, io_threads=k["io_threads_max"] + 1)
     assert Config.from_env(env={}, eager_bytes=k["eager_bytes_max"]).eager_bytes == k["eager_bytes_max"]
     with pytest.raises(config.R2cclError, match="R2CCL_EAGER_BYTES"):
         Config.from_env(env={}, eager_bytes=k["eager_bytes_max"] + 1)
-    assert config._size(65536) == "64 KiB" and config._size(64 << 20) == "64 MiB" and config._size(1000) == "1000 bytes"
+    assert _size(65536) == "64 KiB" and _size(64 << 20) == "64 MiB" and _size(1000) == "1000 bytes"
 
 
 def test_no_literal_copies_of_the_constants_in_csrc():

@@ -17,12 +17,16 @@ std::string Config::validate() const {
   bool known = false;
   for (const char* t : kTransportNames) known = known || transport == t;
   if (!known) return bad("R2CCL_TRANSPORT", "must be socket, ibverbs or auto (got '" + transport + "')");
+  known = false;
+  for (const char* a : kNicAffinityNames) known = known || nic_affinity == a;
+  if (!known) return bad("R2CCL_NIC_AFFINITY", "must be auto or off (got '" + nic_affinity + "')");
   if (ib_timeout < 1 || ib_timeout > 31) return bad("R2CCL_IB_TIMEOUT", "must be 1..31");
   if (ib_retry_count < 0 || ib_retry_count > 7) return bad("R2CCL_IB_RETRY_COUNT", "must be 0..7");
   if (ib_gid_index < -1 || ib_gid_index > 255) return bad("R2CCL_IB_GID_INDEX", "must be -1 (auto) or 0..255");
   if (io_threads < -1 || io_threads > kIoThreadsMax)
     return bad("R2CCL_IO_THREADS", "must be -1 (auto), 0 or 1.." + std::to_string(kIoThreadsMax));
   if (!(timeout_s > 0)) return bad("R2CCL_TIMEOUT", "must be > 0 seconds");
+  if (!(bootstrap_timeout_s > 0)) return bad("R2CCL_BOOTSTRAP_TIMEOUT", "must be > 0 seconds");
   if (heartbeat_ms < 1) return bad("R2CCL_HEARTBEAT_MS", "must be >= 1");
   if (heartbeat_misses < 1) return bad("R2CCL_HEARTBEAT_MISSES", "must be >= 1");
   if (stall_ms < 1) return bad("R2CCL_STALL_MS", "must be >= 1");
@@ -45,6 +49,12 @@ std::string Config::validate() const {
                "must be between " + std::to_string(kStagingChunkMin) + " and " + std::to_string(kStagingChunkMax));
   if (staging_bytes < 2 * staging_chunk_bytes + 8192)
     return bad("R2CCL_STAGING_BYTES", "must hold one staging step: at least 2 x R2CCL_STAGING_CHUNK_BYTES + 8 KiB");
+  if (!secret.empty()) {
+    if (secret.size() % 2 || secret.find_first_not_of("0123456789abcdefABCDEF") != std::string::npos)
+      return bad("R2CCL_SECRET", "must be hex");
+    if (secret.size() < 32) return bad("R2CCL_SECRET", "must hold at least 16 bytes (32 hex digits)");
+  }
+  if (debug_level < 0 || debug_level > 3) return bad("R2CCL_DEBUG", "must be 0..3");
   return {};
 }
 

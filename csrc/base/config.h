@@ -1,7 +1,8 @@
-// The one configuration struct of the C++ core and the source of its defaults: Python
-// reads them back (_core.config_defaults()) for jax_r2ccl/config.py's R2CCL_* settings,
-// fills the struct and hands it over when an endpoint opens. tests/test_parity.py checks
-// that both sides name the same fields. Knows nothing of sockets, collectives or JAX.
+// The one configuration struct of the C++ core and the source of its defaults. Every field is
+// an R2CCL_* setting; base/settings.h names each one's variable and doc and reads the
+// environment (once, here in C++: a process that never imports Python, such as NCCL loading
+// the net plugin, gets the same settings). jax_r2ccl/config.py derives its table from that one.
+// tests/test_parity.py checks both. Knows nothing of sockets, collectives or JAX.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -29,6 +30,11 @@ inline constexpr uint64_t kEagerHeldBytes = 4 << 20;
 inline constexpr uint64_t kStagingChunkMin = 4096;
 inline constexpr uint64_t kStagingChunkMax = 1ull << 30;
 
+// Collectives of at most this many bytes are small: they exchange everything in one step
+// (latency rules, not bandwidth) and XLA's thread may wait for them (R2CCL_SYNC_WAIT_US).
+// coll/ (kSmallCollectiveBytes) and the setting's doc read it here.
+inline constexpr uint64_t kSmallCollectiveBytes = 64 << 10;
+
 // Most socket I/O threads one endpoint runs (R2CCL_IO_THREADS).
 inline constexpr int kIoThreadsMax = 64;
 // R2CCL_IO_THREADS=-1 (auto) runs one I/O thread per NIC only where there are at least two
@@ -42,7 +48,12 @@ inline constexpr int kIoCpusPerNic = 2;
 // sockets elsewhere. Exported to Python as _core.names()["transports"].
 inline constexpr const char* kTransportNames[] = {"socket", "ibverbs", "auto"};
 
+// R2CCL_NIC_AFFINITY's values.
+inline constexpr const char* kNicAffinityNames[] = {"auto", "off"};
+
 struct Config {
+  std::string nics;                          // R2CCL_NICS: NICs to stripe over (empty: every interface that is up)
+  std::string nic_affinity = "auto";         // R2CCL_NIC_AFFINITY: default NICs nearest the GPUs first (kNicAffinityNames)
   uint64_t chunk_bytes = 256 << 10;          // R2CCL_CHUNK_BYTES: largest payload per data frame
   uint64_t rail_window_bytes = 4 << 20;      // R2CCL_RAIL_WINDOW_BYTES: most unacked bytes one rail may hold
   int rail_queue_ms = 10;                    // R2CCL_RAIL_QUEUE_MS: a rail's window = its bandwidth x this (+ its RTT)
@@ -54,6 +65,7 @@ struct Config {
   int io_threads = -1;                       // R2CCL_IO_THREADS: socket I/O threads (-1: auto, 0: the progress thread)
   double timeout_s = 30.0;                   // R2CCL_TIMEOUT: all rails down / no progress -> error
   int mismatch_ms = 2000;                    // R2CCL_MISMATCH_MS: a peer evidently in another collective this long -> mismatch
+  double bootstrap_timeout_s = 300.0;        // R2CCL_BOOTSTRAP_TIMEOUT: every rank's addresses and rails at start
   int heartbeat_ms = 100;                    // R2CCL_HEARTBEAT_MS: idle-rail heartbeat period
   int heartbeat_misses = 3;                  // R2CCL_HEARTBEAT_MISSES: silent periods before a rail fails
   int stall_ms = 250;                        // R2CCL_STALL_MS: busy rail without acks while siblings progress
@@ -76,6 +88,7 @@ struct Config {
   int sync_wait_us = 1000;                   // R2CCL_SYNC_WAIT_US: XLA's thread waits this long for a lone small collective
   uint64_t staging_bytes = 32 << 20;         // R2CCL_STAGING_BYTES: pinned host staging per GPU (bound of its pool)
   uint64_t staging_chunk_bytes = 4 << 20;    // R2CCL_STAGING_CHUNK_BYTES: one step of the device<->host pipeline
+  std::string secret;                        // R2CCL_SECRET: the job secret in hex (empty: rank 0 makes one)
   int debug_level = 1;                       // R2CCL_DEBUG: 0 ERROR, 1 WARN, 2 INFO, 3 TRACE
 
   // Returns an empty string when every field is in range, else a sentence naming the field.

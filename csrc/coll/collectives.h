@@ -40,10 +40,9 @@ static_assert(std::size(kKindNames) == static_cast<size_t>(Kind::kBroadcast) + 1
 const char* kind_name(Kind k);
 bool parse_kind(const std::string& name, Kind* out);   // inverse of kind_name; false when unknown
 
-// Collectives of at most this many bytes are small: they exchange everything in one step
-// (latency rules, not bandwidth) and XLA's thread may wait for them (R2CCL_SYNC_WAIT_US).
-// Exported to Python as _core.constants()["small_collective_bytes"] for the settings' docs.
-inline constexpr uint64_t kSmallCollectiveBytes = kSmallAllReduceBytes;
+// Collectives of at most this many bytes are small (base/config.h, where R2CCL_SYNC_WAIT_US's
+// doc reads it too).
+using r2ccl::kSmallCollectiveBytes;
 
 // One process's part of one collective.
 struct ProcessCall {

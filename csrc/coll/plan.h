@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "base/config.h"
+
 namespace r2ccl::coll {
 
 enum class PlanKind : int { kAuto = 0, kBalance, kR2cc, kWeighted, kOptimal };
@@ -54,7 +56,7 @@ std::string algo_setting_error(const std::string& algo);
 // `bytes`: the vector's size: a small all-reduce (at most kSmallAllReduceBytes) runs doubling
 // only while it holds at most kDoublingMaxBytes of local sums (P x bytes), so that no process's
 // memory grows with the job.
-inline constexpr uint64_t kSmallAllReduceBytes = 64 << 10;   // collectives.h: kSmallCollectiveBytes
+inline constexpr uint64_t kSmallAllReduceBytes = kSmallCollectiveBytes;   // base/config.h
 inline constexpr uint64_t kDoublingMaxBytes = 16 << 20;
 AlgoKind choose_algo(AlgoKind want, int processes, int max_peers, bool all_reduce = true, double bytes = 1e18);
 // Receive buffers one process allocates for one all-reduce of `bytes` (max_share: the largest

@@ -1,10 +1,13 @@
 // Python bindings of the transport (jax_r2ccl._core): endpoints, requests over numpy
 // buffers, per-rail counters and software fault injection. Errors become
 // jax_r2ccl.errors.R2cclError with .cause and .peer. Also the core's vocabulary for Python,
-// so that nothing is written twice: Config's defaults (config_defaults), the enums' names
-// (names) and the sizes settings refer to (constants). Knows nothing of sockets.
+// so that nothing is written twice: Config's defaults (config_defaults), the R2CCL_* table and
+// its reader (settings, read_settings), the enums' names (names) and the sizes settings refer
+// to (constants). Knows nothing of sockets.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/map.h>
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/shared_ptr.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
@@ -13,6 +16,7 @@
 #include "base/config.h"
 #include "base/error.h"
 #include "base/log.h"
+#include "base/settings.h"
 #include "coll/collectives.h"
 #include "coll/plan.h"
 #include "coll/reduce.h"
@@ -92,6 +96,12 @@ void config_field(nb::class_<Config>& cls, nb::dict& defaults, const char* name,
   defaults[name] = Config{}.*member;
 }
 
+// A setting's value in a default or given Config as Python sees it (a level as its name).
+nb::object setting_value(const Config& c, const Setting& s) {
+  if (s.kind == SettingKind::kLevel) return nb::str(setting_text(c, s).c_str());
+  return std::visit([&](auto member) -> nb::object { return nb::cast(c.*member); }, s.member);
+}
+
 template <size_t N>
 nb::list name_list(const char* const (&names)[N]) {
   nb::list out;
@@ -150,6 +160,8 @@ NB_MODULE(_core, m) {
   nb::class_<Config> config_cls(m, "Config");
   nb::dict config_defaults;
   config_cls.def(nb::init<>());
+  config_field(config_cls, config_defaults, "nics", &Config::nics);
+  config_field(config_cls, config_defaults, "nic_affinity", &Config::nic_affinity);
   config_field(config_cls, config_defaults, "chunk_bytes", &Config::chunk_bytes);
   config_field(config_cls, config_defaults, "rail_window_bytes", &Config::rail_window_bytes);
   config_field(config_cls, config_defaults, "rail_queue_ms", &Config::rail_queue_ms);
@@ -163,6 +175,7 @@ NB_MODULE(_core, m) {
   config_field(config_cls, config_defaults, "heartbeat_misses", &Config::heartbeat_misses);
   config_field(config_cls, config_defaults, "stall_ms", &Config::stall_ms);
   config_field(config_cls, config_defaults, "mismatch_ms", &Config::mismatch_ms);
+  config_field(config_cls, config_defaults, "bootstrap_timeout_s", &Config::bootstrap_timeout_s);
   config_field(config_cls, config_defaults, "reprobe_ms", &Config::reprobe_ms);
   config_field(config_cls, config_defaults, "connect_timeout_ms", &Config::connect_timeout_ms);
   config_field(config_cls, config_defaults, "tcp_user_timeout_ms", &Config::tcp_user_timeout_ms);
@@ -183,6 +196,7 @@ NB_MODULE(_core, m) {
   config_field(config_cls, config_defaults, "sync_wait_us", &Config::sync_wait_us);
   config_field(config_cls, config_defaults, "staging_bytes", &Config::staging_bytes);
   config_field(config_cls, config_defaults, "staging_chunk_bytes", &Config::staging_chunk_bytes);
+  config_field(config_cls, config_defaults, "secret", &Config::secret);
   config_field(config_cls, config_defaults, "debug_level", &Config::debug_level);
   // Config::validate checks ranges; the plan's and algorithm's names are checked by coll/,
   // which owns the names.
@@ -193,6 +207,45 @@ NB_MODULE(_core, m) {
   });
   m.def("config_defaults", [config_defaults] { return config_defaults.attr("copy")(); },
         "Every Config field's default, from a default-constructed r2ccl::Config.");
+  m.def(
+      "settings",
+      [] {
+        nb::list out;
+        const Config defaults;
+        for (const Setting& s : settings()) {
+          nb::dict d;
+          d["env"] = s.env;
+          d["field"] = s.field;
+          d["kind"] = kSettingKindNames[static_cast<int>(s.kind)];
+          d["default"] = setting_value(defaults, s);
+          d["doc"] = s.doc;
+          out.append(d);
+        }
+        return out;
+      },
+      "Every R2CCL_* setting in the README's order (csrc/base/settings.cc): env, field, kind, default, doc.");
+  m.def(
+      "read_settings",
+      [](std::optional<std::map<std::string, std::string>> env) {
+        Config c;
+        std::vector<std::string> found;
+        EnvLookup lookup;
+        if (env) lookup = [&env](const char* name) -> const char* {
+            auto it = env->find(name);
+            return it == env->end() ? nullptr : it->second.c_str();
+          };
+        std::string bad = read_settings(c, lookup, &found);
+        if (!bad.empty()) throw Error(Cause::kInvalidArgument, -1, bad);
+        nb::dict out;
+        for (const std::string& name : found) {
+          const Setting* s = find_setting(name);
+          out[s->field] = setting_value(c, *s);
+        }
+        return out;
+      },
+      nb::arg("env").none() = nb::none(),
+      "The settings `env` sets (the process environment when None), parsed by the core's one reader: "
+      "field -> value. Ranges are checked later (Config.validate).");
   m.def(
       "names",
       [] {
@@ -205,6 +258,8 @@ NB_MODULE(_core, m) {
         d["causes"] = name_list(kCauseNames);
         d["log_levels"] = name_list(kLogLevelNames);
         d["transports"] = name_list(kTransportNames);
+        d["nic_affinities"] = name_list(kNicAffinityNames);
+        d["setting_kinds"] = name_list(kSettingKindNames);
         return d;
       },
       "The names of the core's enums, each list in enum order (a name's index is its value).");
@@ -266,7 +321,7 @@ NB_MODULE(_core, m) {
       "constants",
       [] {
         nb::dict d;
-        d["small_collective_bytes"] = coll::kSmallCollectiveBytes;
+        d["small_collective_bytes"] = kSmallCollectiveBytes;
         d["min_chunk_bytes"] = kChunkBytesMin;
         d["max_chunk_bytes"] = kChunkBytesMax;
         d["caller_path_bytes"] = kCallerPathMaxBytes;
