@@ -36,15 +36,6 @@ std::string abandoned(int peer) {
 }
 }  // namespace
 
-const char* rail_state_name(RailState s) {
-  switch (s) {
-    case RailState::kConnecting: return "connecting";
-    case RailState::kHandshake: return "handshake";
-    case RailState::kUp: return "up";
-    case RailState::kDown: return "down";
-  }
-  return "?";
-}
 
 void encode_control(TxFrame* f, FrameType t, std::vector<uint8_t> payload, uint64_t seq) {
   FrameHeader h;
@@ -195,7 +186,7 @@ void ChannelCore::set_paused(int rail, bool paused, int64_t now) {
 void ChannelCore::fail_rail(int rail, FailReason reason, const std::string& why, int64_t now) {
   Rail& r = *ch.rails[static_cast<size_t>(rail)];
   if (r.state == RailState::kDown || ch.dead) return;
-  r.last_reason = fail_reason_name(reason);
+  r.last_reason = reason;
   // A frame that breaks the protocol would be re-sent on the next rail and break it too:
   // after a few, the peer is not to be trusted and the channel ends with a clear error.
   if (reason == FailReason::kProtocol || reason == FailReason::kChecksum) {

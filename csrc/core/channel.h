@@ -18,35 +18,13 @@
 
 #include "base/config.h"
 #include "core/rail_pace.h"
+#include "core/rail_state.h"
 #include "core/request.h"
 #include "core/wire.h"
 
 namespace r2ccl {
 
-// kDown -> kConnecting (connector dials) -> kHandshake (secret proven both ways) -> kUp.
-// Any error, stall or silence: -> kDown; the connector side re-dials after R2CCL_REPROBE_MS.
-// The transport moves a rail through kConnecting and kHandshake; the channel sees kUp and kDown.
-enum class RailState { kConnecting, kHandshake, kUp, kDown };
-const char* rail_state_name(RailState s);
-
-// Why a rail failed: decides what follows (a broken protocol counts against the peer, a
-// connection the peer closed may mean the peer is gone) and is reported in rail_stats.
-enum class FailReason {
-  kIo,            // a send or receive failed
-  kClosedByPeer,  // EOF or reset from the other end
-  kProtocol,      // a frame broke the wire protocol
-  kChecksum,      // a payload's CRC32C did not match
-  kStalled,       // acks stopped beyond the rail's drain time while siblings progress
-  kSilent,        // nothing received for R2CCL_HEARTBEAT_MISSES heartbeat periods
-  kInjected,      // fault injection
-  kLinkDown,      // this side's NIC is down (health monitor or set_nic_state)
-  kPeerLinkDown,  // the peer reports its end's link down
-  kReplaced,      // the peer dialled a new connection for this rail
-};
-inline constexpr const char* kFailReasonNames[] = {"io",       "closed_by_peer", "protocol",       "checksum", "stalled",
-                                                   "silent",   "injected",       "link_down",      "peer_link_down",
-                                                   "replaced"};
-inline const char* fail_reason_name(FailReason r) { return kFailReasonNames[static_cast<int>(r)]; }
+// RailState, FailReason: core/rail_state.h.
 
 // A frame to write: a header and a payload (the caller's buffer for data, `owned` for
 // control frames and for cancelled data). `done` counts the bytes the transport has taken.
@@ -136,7 +114,7 @@ struct Rail {
   uint64_t tx_bytes = 0, rx_bytes = 0, tx_chunks = 0, rx_chunks = 0, acked_bytes = 0;
   uint64_t retransmitted = 0, failures = 0, recoveries = 0, stalls = 0;
   std::string last_error;
-  const char* last_reason = "";    // fail_reason_name of its last failure
+  FailReason last_reason = FailReason::kNone;   // why it last failed
 };
 
 struct Chunk {

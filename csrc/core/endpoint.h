@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "base/config.h"
+#include "core/rail_state.h"
 #include "core/request.h"
 
 namespace r2ccl {
@@ -19,7 +20,7 @@ struct RailStats {
   int rail = 0;
   int local_nic = 0, remote_nic = 0;
   std::string local_nic_name, local_addr, remote_addr;
-  std::string state;            // "connecting", "handshake", "up", "down"
+  RailState state = RailState::kDown;
   std::string transport;        // "socket" or "ibverbs": what carries this rail
   double weight = 1.0;
   uint64_t tx_bytes = 0, rx_bytes = 0;       // payload bytes written / applied
@@ -35,15 +36,12 @@ struct RailStats {
   double rtt_us = 0;                         // last heartbeat round trip (0: none yet)
   double busy_s = 0;                         // time with bytes in flight (acked_bytes / busy_s: delivered rate)
   bool link_down = false;                    // its local NIC is held down (set_nic_state)
-  std::string fault;            // injected fault: "", "close", "stall", "rate"
+  Fault fault = Fault::kNone;   // injected on this side (Endpoint::inject)
   std::string last_error;
-  std::string last_reason;      // why it last failed: io, closed_by_peer, protocol, checksum, stalled, silent,
-                                // injected, link_down, peer_link_down, replaced ("" if never)
+  FailReason last_reason = FailReason::kNone;   // why it last failed
   double last_change_unix_s = 0;
   double last_failure_unix_s = 0;  // when it last failed (0: never); a later recovery moves last_change only
 };
-
-enum class Fault { kNone, kClose, kStall, kRate };
 
 // What a rail held when a fault was injected on it, measured on the engine thread at that
 // moment: for kClose these are the chunks that move to the other rails.

@@ -724,7 +724,7 @@ std::vector<RailStats> Engine::stats(int rank) {
       s.local_addr = nics_[r.local_nic].addr_str();
       s.remote_addr = pr.remote[r.remote_nic].str();
       s.transport = rail_transport(r).name();
-      s.state = rail_state_name(r.state);
+      s.state = r.state;
       s.weight = r.weight;
       s.tx_bytes = r.tx_bytes;
       s.rx_bytes = r.rx_bytes;
@@ -743,7 +743,7 @@ std::vector<RailStats> Engine::stats(int rank) {
       s.rtt_us = static_cast<double>(r.rtt_ns) / 1e3;
       s.busy_s = static_cast<double>(r.busy_ns + (r.busy_since_ns ? now - r.busy_since_ns : 0)) / 1e9;
       s.link_down = nic_down_[static_cast<size_t>(r.local_nic)];
-      s.fault = fault_name(l.fault);
+      s.fault = l.fault;
       s.last_error = r.last_error;
       s.last_reason = r.last_reason;
       s.last_change_unix_s = unix_now - static_cast<double>(now - r.changed_ns) / 1e9;
@@ -992,12 +992,12 @@ void Endpoint::wait_ready(const std::vector<int>& peers, double timeout_s, doubl
     for (int p : peers) {
       bool one = false;
       for (auto& s : engine_->stats(p)) {
-        if (s.state == "up") {
+        if (s.state == RailState::kUp) {
           one = true;
           continue;
         }
         missing += "\n  rank " + std::to_string(p) + " rail " + std::to_string(s.rail) + " (" + s.local_addr + " -> " +
-                   s.remote_addr + "): " + s.state + (s.last_error.empty() ? "" : ", " + s.last_error);
+                   s.remote_addr + "): " + rail_state_name(s.state) + (s.last_error.empty() ? "" : ", " + s.last_error);
       }
       every_peer_has_one = every_peer_has_one && one;
     }

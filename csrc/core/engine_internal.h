@@ -40,15 +40,6 @@ inline void random_bytes(uint8_t* out, size_t n) {
   }
 }
 
-inline const char* fault_name(Fault f) {
-  switch (f) {
-    case Fault::kNone: return "";
-    case Fault::kClose: return "close";
-    case Fault::kStall: return "stall";
-    case Fault::kRate: return "rate";
-  }
-  return "?";
-}
 
 // Posts a small frame on a fresh link and writes it now: false when it did not all go.
 inline bool send_at_once(FrameLink& link, const TxFrame& f) {

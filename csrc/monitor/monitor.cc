@@ -295,19 +295,19 @@ void Monitor::sample(int64_t now) {
       t.recoveries = s.recoveries;
       double d_busy = s.busy_s - t.busy_s;
       uint64_t d_acked = s.acked_bytes - t.acked;
-      if (d_busy >= kMinBusyS && s.state == "up") {
+      if (d_busy >= kMinBusyS && s.state == RailState::kUp) {
         double rate = static_cast<double>(d_acked) / d_busy;
         // Smoothed over ~200 ms: a rail shares its NIC with other peers' rails, and samples
         // of 50 ms catch bursts and TCP's unfairness among them.
         t.bw = t.bw > 0 ? (1 - kBwAlpha) * t.bw + kBwAlpha * rate : rate;
         t.acked = s.acked_bytes;
         t.busy_s = s.busy_s;
-      } else if (s.state != "up") {
+      } else if (s.state != RailState::kUp) {
         t.acked = s.acked_bytes;
         t.busy_s = s.busy_s;
       }
       last_stats_[{peer, s.rail}] = s;
-      if (s.state == "up" && t.bw > 0) {
+      if (s.state == RailState::kUp && t.bw > 0) {
         bw[k] = t.bw;
         best = std::max(best, t.bw);
       }
@@ -358,7 +358,7 @@ void Monitor::update_capacity(const std::map<int, std::vector<RailStats>>& by_pe
     double f = by_peer.empty() ? 1.0 : 0.0;
     for (auto& [peer, stats] : by_peer)
       for (auto& s : stats)
-        if (s.local_nic == static_cast<int>(k) && s.state == "up") {
+        if (s.local_nic == static_cast<int>(k) && s.state == RailState::kUp) {
           auto it = rails_.find({peer, s.rail});
           f = std::max(f, it == rails_.end() ? 1.0 : it->second.ratio);
         }

@@ -120,7 +120,7 @@ nb::dict stats_dict(const RailStats& s) {
   d["local_addr"] = s.local_addr;
   d["remote_addr"] = s.remote_addr;
   d["transport"] = s.transport;
-  d["state"] = s.state;
+  d["state"] = rail_state_name(s.state);
   d["weight"] = s.weight;
   d["tx_bytes"] = s.tx_bytes;
   d["rx_bytes"] = s.rx_bytes;
@@ -133,11 +133,11 @@ nb::dict stats_dict(const RailStats& s) {
   d["recoveries"] = s.recoveries;
   d["stalls"] = s.stalls;
   d["unsent_bytes"] = s.unsent_bytes;
-  d["last_reason"] = s.last_reason;
+  d["last_reason"] = fail_reason_name(s.last_reason);
   d["window_bytes"] = s.window_bytes;
   d["pace_bw"] = s.pace_bw;
   d["rtt_us"] = s.rtt_us;
-  d["fault"] = s.fault;
+  d["fault"] = fault_name(s.fault);
   d["last_error"] = s.last_error;
   d["last_change_unix_s"] = s.last_change_unix_s;
   d["last_failure_unix_s"] = s.last_failure_unix_s;
@@ -259,6 +259,9 @@ NB_MODULE(_core, m) {
         d["log_levels"] = name_list(kLogLevelNames);
         d["transports"] = name_list(kTransportNames);
         d["nic_affinities"] = name_list(kNicAffinityNames);
+        d["rail_states"] = name_list(kRailStateNames);
+        d["fail_reasons"] = name_list(kFailReasonNames);
+        d["faults"] = name_list(kFaultNames);
         d["setting_kinds"] = name_list(kSettingKindNames);
         return d;
       },
