@@ -80,23 +80,31 @@ class Engine::CallerScope {
 
 // ---------------------------------------------------------------- construction, commands
 
+namespace {
+std::unique_ptr<PeerIdentity> job_identity(const std::string& secret, int rank, int world) {
+  if (secret.size() < 16)
+    throw Error(Cause::kInvalidArgument, -1, "the job secret must be at least 16 bytes");
+  return std::make_unique<JobIdentity>(secret, JobIdentity::job_id_of(secret), rank, world);
+}
+}  // namespace
+
 Engine::Engine(const Config& cfg, int rank, int world, const std::vector<std::string>& nics,
                const std::string& secret)
-    : cfg_(cfg), rank_(rank), world_(world), secret_(secret) {
+    : Engine(cfg, rank, world, nics, job_identity(secret, rank, world)) {}
+
+Engine::Engine(const Config& cfg, int rank, int world, const std::vector<std::string>& nics,
+               std::unique_ptr<PeerIdentity> identity)
+    : cfg_(cfg), rank_(rank), world_(world), identity_(std::move(identity)) {
   std::string bad = cfg.validate();
   if (!bad.empty()) throw Error(Cause::kInvalidArgument, -1, bad);
   if (world < 1 || rank < 0 || rank >= world)
     throw Error(Cause::kInvalidArgument, -1,
                 "rank " + std::to_string(rank) + " is outside world size " + std::to_string(world));
   if (nics.empty()) throw Error(Cause::kInvalidArgument, -1, "no NICs given (set R2CCL_NICS)");
-  if (secret.size() < 16)
-    throw Error(Cause::kInvalidArgument, -1, "the job secret must be at least 16 bytes");
   log_set_process_default(cfg.debug_level, rank);
   for (auto& n : nics) nics_.push_back(resolve_nic(n));
   nic_down_.assign(nics_.size(), false);
   nic_down_why_.assign(nics_.size(), std::string());
-  auto id = sha256(secret.data(), secret.size());
-  job_id_ = load_le64(id.data());
   linkopt_.header_bytes = kHeaderBytes;
   linkopt_.buffer_bytes = cfg.socket_buffer_bytes;
   linkopt_.user_timeout_ms = cfg.tcp_user_timeout_ms;
@@ -287,9 +295,8 @@ std::vector<std::string> Engine::transports() const {
 }
 
 void Engine::add_peer(int peer, const std::vector<std::string>& addrs, bool open) {
-  if (peer < 0 || peer >= world_ || peer == rank_)
-    throw Error(Cause::kInvalidArgument, peer, "peer rank " + std::to_string(peer) + " is invalid for rank " +
-                                                   std::to_string(rank_) + " of " + std::to_string(world_));
+  const std::string invalid = identity_->check_peer(peer);
+  if (!invalid.empty()) throw Error(Cause::kInvalidArgument, peer, invalid);
   if (addrs.empty()) throw Error(Cause::kInvalidArgument, peer, "peer has no addresses");
   std::vector<NetAddr> remote;
   std::vector<bool> remote_verbs;
@@ -303,13 +310,13 @@ void Engine::add_peer(int peer, const std::vector<std::string>& addrs, bool open
     auto pr = std::make_unique<Peer>();
     pr->eng = this;
     pr->rank = peer;
-    pr->connector = rank_ > peer;   // the higher rank dials
+    pr->connector = identity_->dials(peer);
     pr->remote = remote;
     size_t n_local = nics_.size(), n_remote = remote.size();
     size_t pairs = std::max(n_local, n_remote);
     std::vector<std::pair<int, int>> nic_pairs;
     std::vector<std::string> names;
-    const std::string pname = "rank " + std::to_string(peer) + " (" + remote[0].str() + ")";
+    const std::string pname = identity_->peer_name(peer) + " (" + remote[0].str() + ")";
     for (size_t i = 0; i < pairs * static_cast<size_t>(cfg_.conns_per_nic); i++) {
       size_t p = i % pairs;
       int local = static_cast<int>(p % n_local), rem = static_cast<int>(p % n_remote);
@@ -317,12 +324,12 @@ void Engine::add_peer(int peer, const std::vector<std::string>& addrs, bool open
       const bool mine = nic_tp_[static_cast<size_t>(local)] != tp_.get();
       if (mine != remote_verbs[static_cast<size_t>(rem)])
         throw Error(Cause::kInvalidArgument, peer,
-                    "rail " + std::to_string(i) + " to rank " + std::to_string(peer) + ": our NIC " + nics_[local].name +
+                    "rail " + std::to_string(i) + " to " + identity_->peer_name(peer) + ": our NIC " + nics_[local].name +
                         " uses " + (mine ? "ibverbs" : "socket") + ", the peer's NIC " + remote[rem].str() + " uses " +
                         (mine ? "socket" : "ibverbs") +
                         "; every rank must pick the same transport for a NIC pair (set R2CCL_TRANSPORT=socket on "
                         "every rank, or give every rank RDMA ports on these NICs)");
-      names.push_back("rail " + std::to_string(i) + " to rank " + std::to_string(peer) + " (" + nics_[local].name +
+      names.push_back("rail " + std::to_string(i) + " to " + identity_->peer_name(peer) + " (" + nics_[local].name +
                       " " + nics_[local].addr_str() + " -> " + remote[rem].str() + ")");
       auto l = std::make_unique<Link>();
       l->peer = pr.get();

@@ -22,6 +22,7 @@
 #include "base/log.h"
 #include "core/channel.h"
 #include "core/handshake.h"
+#include "core/identity.h"
 #include "core/endpoint.h"
 #include "net/transport.h"
 
@@ -40,7 +41,7 @@ struct Pending {
   std::unique_ptr<FrameLink> link;
   Pollable poll{Pollable::kPending};
   int nic = 0;
-  AcceptorHandshake hs{nullptr, 0, 0, 0};   // hello, challenge, auth (core/handshake.h)
+  AcceptorHandshake hs;                      // hello, challenge, auth (core/handshake.h)
   bool parked = false;            // hello names a peer not yet added; wait for add_peer
   bool dead = false;
   RxFrame rx;
@@ -104,8 +105,13 @@ struct Peer final : RailIo {
 
 class Engine {
  public:
+  // The job's engine: peers are ranks, rails prove the job secret (JobIdentity).
   Engine(const Config& cfg, int rank, int world, const std::vector<std::string>& nics,
          const std::string& secret);
+  // Any other owner's: `identity` says who peers are and what rails prove; `rank` only names
+  // this process in logs.
+  Engine(const Config& cfg, int rank, int world, const std::vector<std::string>& nics,
+         std::unique_ptr<PeerIdentity> identity);
   ~Engine();
 
   int rank() const { return rank_; }
@@ -218,8 +224,7 @@ class Engine {
   Config cfg_;
   int rank_, world_;
   std::vector<Nic> nics_;
-  std::string secret_;
-  uint64_t job_id_ = 0;
+  std::unique_ptr<PeerIdentity> identity_;   // who peers are; what their rails prove
   LinkOptions linkopt_;
   WireLimits limits_{};
   int io_threads_ = 0;             // the transport's I/O threads (R2CCL_IO_THREADS resolved)

@@ -37,7 +37,7 @@ void Engine::accept_all(int nic) {
     auto p = std::make_unique<Pending>();
     p->link = std::move(c);
     p->nic = nic;
-    p->hs = AcceptorHandshake(&secret_, job_id_, rank_, world_);
+    p->hs = AcceptorHandshake(identity_.get());
     p->poll.obj = p.get();
     p->deadline_ns = now_ns() + cfg_.connect_timeout_ms * kMs;
     p->desc = p->link->describe();
@@ -134,14 +134,14 @@ void Engine::pending_read(Pending& p) {
 // answered with a challenge, or parked until its peer is added.
 void Engine::pending_hello(Pending& p) {
   const HelloBody& h = p.hs.hello();
-  auto it = peers_.find(static_cast<int>(h.from_rank));
+  auto it = peers_.find(p.hs.peer());
   if (it == peers_.end()) {
     p.parked = true;   // bootstrap race: the peer dialled before add_peer() ran here
     epoll_mod(p.link->wait_fd(), &p.poll, 0);
     return;
   }
   Peer& pr = *it->second;
-  if (pr.ch().dead) return pending_reject(p, "channel to rank " + std::to_string(pr.rank) + " is closed");
+  if (pr.ch().dead) return pending_reject(p, "channel to " + pr.core->peer_name() + " is closed");
   if (h.rail >= pr.links.size()) return pending_reject(p, "hello names rail " + std::to_string(h.rail) + " that does not exist");
   const Link& l = *pr.links[h.rail];
   if (pr.rail(static_cast<int>(h.rail)).local_nic != p.nic)
@@ -158,7 +158,7 @@ void Engine::pending_hello(Pending& p) {
 }
 
 void Engine::admit(Pending& p) {
-  Peer& pr = *peers_.at(static_cast<int>(p.hs.hello().from_rank));
+  Peer& pr = *peers_.at(p.hs.peer());
   const int idx = static_cast<int>(p.hs.hello().rail);
   Link& l = *pr.links[static_cast<size_t>(idx)];
   const Rail& r = pr.rail(idx);

@@ -92,13 +92,14 @@ void Engine::rail_writable(Peer& pr, Link& l) {
       return;
     }
     HelloBody h;
-    h.job_id = job_id_;
-    h.from_rank = static_cast<uint32_t>(rank_);
-    h.to_rank = static_cast<uint32_t>(pr.rank);
+    const HelloIds ids = identity_->hello_to(pr.rank);
+    h.job_id = ids.domain;
+    h.from_rank = ids.from;
+    h.to_rank = ids.to;
     h.rail = static_cast<uint32_t>(l.index);
     h.epoch = l.epoch;
     random_bytes(h.nonce.data(), kNonceBytes);
-    l.hs = ConnectorHandshake(&secret_);
+    l.hs = ConnectorHandshake(&identity_->key(pr.rank));
     pr.core->link_state(l.index, RailState::kHandshake);
     TxFrame f;
     encode_control(&f, FrameType::kHello, l.hs.hello(h));

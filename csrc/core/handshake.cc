@@ -23,11 +23,9 @@ std::string AcceptorHandshake::on_header(const FrameHeader& h) const {
 std::string AcceptorHandshake::on_hello(const uint8_t body[kHelloBytes]) {
   if (stage_ != 0) return "a second hello";
   HelloBody h = decode_hello(body);
-  if (h.job_id != job_id_) return "hello from another job (job id mismatch)";
-  if (h.to_rank != static_cast<uint32_t>(rank_)) return "hello meant for rank " + std::to_string(h.to_rank);
-  // The higher rank dials the lower: a hello from a rank at or below ours is not the protocol.
-  if (h.from_rank >= static_cast<uint32_t>(world_) || h.from_rank <= static_cast<uint32_t>(rank_))
-    return "hello from invalid rank " + std::to_string(h.from_rank);
+  const HelloIds ids{h.job_id, h.from_rank, h.to_rank};
+  std::string why = identity_->accept_hello(ids, &peer_, &key_);
+  if (!why.empty()) return why;
   std::memcpy(hello_, body, kHelloBytes);
   hb_ = h;
   stage_ = 1;
@@ -36,7 +34,7 @@ std::string AcceptorHandshake::on_hello(const uint8_t body[kHelloBytes]) {
 
 std::vector<uint8_t> AcceptorHandshake::challenge(const uint8_t nonce[kNonceBytes]) {
   std::memcpy(nonce_, nonce, kNonceBytes);
-  const Mac mac = handshake_mac(*secret_, kAcceptorLabel, hello_, nonce_);
+  const Mac mac = handshake_mac(*key_, kAcceptorLabel, hello_, nonce_);
   std::vector<uint8_t> body(nonce_, nonce_ + kNonceBytes);
   body.insert(body.end(), mac.begin(), mac.end());
   stage_ = 2;
@@ -47,7 +45,7 @@ bool AcceptorHandshake::on_auth(const uint8_t body[kAuthBytes]) {
   if (stage_ != 2) return false;
   Mac got;
   std::memcpy(got.data(), body, kMacBytes);
-  if (!mac_equal(handshake_mac(*secret_, kConnectorLabel, hello_, nonce_), got)) return false;
+  if (!mac_equal(handshake_mac(*key_, kConnectorLabel, hello_, nonce_), got)) return false;
   stage_ = 3;
   return true;
 }
@@ -65,11 +63,11 @@ ConnectorHandshake::Step ConnectorHandshake::on_frame(const FrameHeader& h, cons
   if (stage_ == 1 && h.type == FrameType::kChallenge && body.size() == kChallengeBytes) {
     Mac got;
     std::memcpy(got.data(), body.data() + kNonceBytes, kMacBytes);
-    if (!mac_equal(handshake_mac(*secret_, kAcceptorLabel, hello_, body.data()), got)) {
+    if (!mac_equal(handshake_mac(*key_, kAcceptorLabel, hello_, body.data()), got)) {
       *why = "listener failed to prove the job secret";
       return Step::kFail;
     }
-    *auth = handshake_mac(*secret_, kConnectorLabel, hello_, body.data());
+    *auth = handshake_mac(*key_, kConnectorLabel, hello_, body.data());
     stage_ = 2;
     return Step::kSendAuth;
   }

@@ -1,13 +1,14 @@
-// The job-secret handshake, both sides, as pure state machines: a decoded frame in, a
-// decision out. The engine runs them over any FrameLink (engine_handshake.cc,
+// The handshake, both sides, as pure state machines: a decoded frame in, a decision out. The
+// key each side proves is its identity's (core/identity.h: the job secret, or a plugin
+// listen handle's nonce). The engine runs them over any FrameLink (engine_handshake.cc,
 // engine_rail_io.cc); the fuzz harnesses (tests/fuzz/) feed them a stranger's bytes.
 //
-//   connector -> hello     (job id, from rank, to rank, rail, epoch, connector nonce)
-//   acceptor  -> challenge (acceptor nonce, HMAC(secret, "acceptor" | hello | nonce))
-//   connector -> auth      (HMAC(secret, "connector" | hello | nonce))
+//   connector -> hello     (domain, from id, to id, rail, epoch, connector nonce)
+//   acceptor  -> challenge (acceptor nonce, HMAC(key, "acceptor" | hello | nonce))
+//   connector -> auth      (HMAC(key, "connector" | hello | nonce))
 //   acceptor  -> welcome   (the rail is up)
 //
-// Each side proves the secret before the other sends it anything of the job's: the acceptor
+// Each side proves the key before the other sends it anything of the job's: the acceptor
 // admits no rail before a valid auth, the connector takes no welcome before a valid challenge.
 // What this proves and what it does not: docs/security.md. Knows nothing of sockets.
 #pragma once
@@ -16,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "core/identity.h"
 #include "core/wire.h"
 
 namespace r2ccl {
@@ -31,28 +33,28 @@ inline constexpr char kConnectorLabel[] = "r2ccl-v1-connector";
 // The listener's side of one accepted connection.
 class AcceptorHandshake {
  public:
-  AcceptorHandshake(const std::string* secret, uint64_t job_id, int rank, int world)
-      : secret_(secret), job_id_(job_id), rank_(rank), world_(world) {}
+  explicit AcceptorHandshake(const PeerIdentity* identity = nullptr) : identity_(identity) {}
 
   // A header arrived (decode_header accepted it): empty when its payload is to be read, else
   // why the connection is refused (a frame other than the one this stage expects).
   std::string on_header(const FrameHeader& h) const;
-  // The hello's body: empty when it is for this job and this rank from a rank that dials us
-  // (hello() then holds it), else why not. Which rails the peer has is the engine's to check.
+  // The hello's body: empty when the identity accepts it (hello() and peer() then hold it),
+  // else why not. Which rails the peer has is the engine's to check.
   std::string on_hello(const uint8_t body[kHelloBytes]);
   // The challenge's body (our nonce and our proof); `nonce` is fresh random bytes.
   std::vector<uint8_t> challenge(const uint8_t nonce[kNonceBytes]);
-  // The auth's body: true when it proves the secret (then the rail may be admitted).
+  // The auth's body: true when it proves the key (then the rail may be admitted).
   bool on_auth(const uint8_t body[kAuthBytes]);
 
   bool awaits_hello() const { return stage_ == 0; }
   bool admitted() const { return stage_ == 3; }
   const HelloBody& hello() const { return hb_; }
+  int peer() const { return peer_; }   // the peer the identity named (after a valid hello)
 
  private:
-  const std::string* secret_;
-  uint64_t job_id_;
-  int rank_, world_;
+  const PeerIdentity* identity_;
+  const std::string* key_ = nullptr;
+  int peer_ = -1;
   int stage_ = 0;   // 0: await hello, 1: hello valid (challenge to send), 2: await auth, 3: admitted
   uint8_t hello_[kHelloBytes] = {};
   HelloBody hb_{};
@@ -62,7 +64,8 @@ class AcceptorHandshake {
 // The dialler's side of one connection attempt.
 class ConnectorHandshake {
  public:
-  explicit ConnectorHandshake(const std::string* secret = nullptr) : secret_(secret) {}
+  // `key`: the identity's key for the peer (PeerIdentity::key).
+  explicit ConnectorHandshake(const std::string* key = nullptr) : key_(key) {}
 
   // Starts an attempt: the hello's body for `h` (its nonce is the caller's fresh random bytes).
   std::vector<uint8_t> hello(const HelloBody& h);
@@ -73,7 +76,7 @@ class ConnectorHandshake {
   Step on_frame(const FrameHeader& h, const std::vector<uint8_t>& body, Mac* auth, std::string* why);
 
  private:
-  const std::string* secret_;
+  const std::string* key_;
   int stage_ = 0;   // 0: not started, 1: await challenge, 2: await welcome, 3: up
   uint8_t hello_[kHelloBytes] = {};
 };

@@ -31,7 +31,8 @@ HelloBody hello_for(uint64_t job, uint32_t from, uint32_t to) {
 }
 
 void honest_exchange() {
-  AcceptorHandshake acc(&kSecret, kJob, 0, 4);
+  const JobIdentity acc_id(kSecret, kJob, 0, 4);
+  AcceptorHandshake acc(&acc_id);
   ConnectorHandshake con(&kSecret);
   const std::vector<uint8_t> hello = con.hello(hello_for(kJob, 2, 0));
   check(acc.on_header(header(FrameType::kHello, kHelloBytes)).empty(), "acceptor takes a hello first");
@@ -56,28 +57,33 @@ void honest_exchange() {
 
 void acceptor_refusals() {
   {
-    AcceptorHandshake acc(&kSecret, kJob, 0, 4);
+    const JobIdentity acc_id(kSecret, kJob, 0, 4);
+    AcceptorHandshake acc(&acc_id);
     uint8_t b[kHelloBytes];
     encode_hello(hello_for(kJob + 1, 2, 0), b);
     check(acc.on_hello(b).find("another job") != std::string::npos, "a hello of another job is refused");
     encode_hello(hello_for(kJob, 2, 1), b);
-    AcceptorHandshake acc2(&kSecret, kJob, 0, 4);
+    const JobIdentity acc2_id(kSecret, kJob, 0, 4);
+    AcceptorHandshake acc2(&acc2_id);
     check(acc2.on_hello(b).find("meant for rank 1") != std::string::npos, "a hello for another rank is refused");
     for (uint32_t from : {0u, 4u, 0xffffffffu}) {
-      AcceptorHandshake a(&kSecret, kJob, 0, 4);
+      const JobIdentity a_id(kSecret, kJob, 0, 4);
+      AcceptorHandshake a(&a_id);
       encode_hello(hello_for(kJob, from, 0), b);
       check(a.on_hello(b).find("invalid rank") != std::string::npos, "a hello from rank " + std::to_string(from));
     }
   }
   {
-    AcceptorHandshake acc(&kSecret, kJob, 0, 4);
+    const JobIdentity acc_id(kSecret, kJob, 0, 4);
+    AcceptorHandshake acc(&acc_id);
     check(!acc.on_header(header(FrameType::kAuth, kAuthBytes)).empty(), "an auth before the hello is refused");
     uint8_t zero[kAuthBytes] = {};
     check(!acc.on_auth(zero), "an auth before any challenge admits nobody");
   }
   {
     // A proof made with another secret, and a right proof replayed for another nonce.
-    AcceptorHandshake acc(&kSecret, kJob, 0, 4);
+    const JobIdentity acc_id(kSecret, kJob, 0, 4);
+    AcceptorHandshake acc(&acc_id);
     uint8_t hello[kHelloBytes];
     encode_hello(hello_for(kJob, 3, 0), hello);
     check(acc.on_hello(hello).empty(), "hello");
@@ -137,8 +143,56 @@ void connector_refusals() {
 
 }  // namespace
 
+// An identity other than the job's (the NCCL plugin's shape): each domain (a listen handle) has
+// its own key, any id may dial, and the peer is whatever the identity maps the hello to.
+class KeyPerDomain final : public PeerIdentity {
+ public:
+  std::string key_a = "key-of-listen-handle-a-32-bytes!", key_b = "key-of-listen-handle-b-32-bytes!";
+  std::string peer_name(int peer) const override { return "connection " + std::to_string(peer); }
+  std::string check_peer(int) const override { return {}; }
+  bool dials(int) const override { return true; }
+  HelloIds hello_to(int peer) const override { return {0xA, 77, static_cast<uint32_t>(peer)}; }
+  const std::string& key(int) const override { return key_a; }
+  std::string accept_hello(const HelloIds& h, int* peer, const std::string** key) const override {
+    if (h.domain != 0xA && h.domain != 0xB) return "no such listen handle";
+    *peer = 1000 + static_cast<int>(h.from);
+    *key = h.domain == 0xA ? &key_a : &key_b;
+    return {};
+  }
+};
+
+void identity_decides_peer_and_key() {
+  KeyPerDomain id;
+  for (const bool right_key : {true, false}) {
+    AcceptorHandshake acc(&id);
+    ConnectorHandshake con(right_key ? &id.key_a : &id.key_b);
+    HelloIds ids = id.hello_to(5);
+    const std::vector<uint8_t> hello = con.hello(hello_for(ids.domain, ids.from, ids.to));
+    check(acc.on_hello(hello.data()).empty(), "the identity accepts the hello");
+    check(acc.peer() == 1077, "the peer is the identity's, not the hello's rank");
+    uint8_t nonce[kNonceBytes] = {9};
+    const std::vector<uint8_t> ch = acc.challenge(nonce);
+    Mac auth;
+    std::string why;
+    const auto step = con.on_frame(header(FrameType::kChallenge, ch.size()), ch, &auth, &why);
+    if (right_key) {
+      check(step == ConnectorHandshake::Step::kSendAuth, "the domain's key proves the listener: " + why);
+      check(acc.on_auth(auth.data()), "and the connector");
+    } else {
+      check(step == ConnectorHandshake::Step::kFail, "a connector holding another domain's key refuses the listener");
+      Mac forged = handshake_mac(id.key_b, kConnectorLabel, hello.data(), nonce);
+      check(!acc.on_auth(forged.data()), "and the listener refuses its proof");
+    }
+  }
+  AcceptorHandshake acc(&id);
+  uint8_t b[kHelloBytes];
+  encode_hello(hello_for(0xC, 1, 0), b);
+  check(acc.on_hello(b) == "no such listen handle", "the identity's refusal is the handshake's");
+}
+
 int main() {
   honest_exchange();
+  identity_decides_peer_and_key();
   acceptor_refusals();
   connector_refusals();
   return checks_passed("test_handshake");
