@@ -456,6 +456,7 @@ void ChannelCore::on_ack(uint64_t first, uint64_t last, int64_t now) {
     if (req->finished()) continue;
     req->chunks_acked++;
     if (req->fully_cut && req->chunks_acked == req->chunks_cut) {
+      req->received = req->len;
       req->finish_ok();
       ch.sends.erase(std::remove(ch.sends.begin(), ch.sends.end(), req), ch.sends.end());
     }
@@ -560,7 +561,7 @@ InMsg* ChannelCore::open_inmsg(const FrameHeader& h) {
   if (p != ch.posted.end()) {
     auto req = p->second;
     ch.posted.erase(p);
-    if (req->len != h.msg_len) {
+    if (!req->takes(h.msg_len)) {
       req->finish_error(Cause::kMismatch, size_mismatch(ch.peer, h.msg_len, h.tag, req->len));
       m.discard = true;
     } else {
@@ -705,13 +706,15 @@ void ChannelCore::finish_inmsg(uint64_t msg_id) {
     return;
   }
   if (!m.req) return;   // unexpected: waits for its receive
-  if (m.staged && m.req->len == m.len)
+  if (m.staged && m.req->takes(m.len))
     for (auto& [off, v] : m.chunks)
       if (!v.empty()) std::memcpy(m.req->buf + off, v.data(), v.size());   // inside: decode_header checked
-  if (m.req->len != m.len)
+  if (!m.req->takes(m.len)) {
     m.req->finish_error(Cause::kMismatch, size_mismatch(ch.peer, m.len, m.tag, m.req->len));
-  else
+  } else {
+    m.req->received = m.len;
     m.req->finish_ok();
+  }
   redirect_to_scratch(msg_id);
   ch.inmsgs.erase(it);
 }
@@ -802,7 +805,10 @@ void ChannelCore::submit(const std::shared_ptr<Request>& req, int64_t now) {
     }
     ch.sendq.push_back(req);
     pump(now);
-    if (eager) req->finish_ok();
+    if (eager) {
+      req->received = req->len;
+      req->finish_ok();
+    }
   } else {
     post_recv(req);
   }
@@ -824,7 +830,7 @@ void ChannelCore::post_recv(const std::shared_ptr<Request>& req) {
     m.discard = true;
     return;
   }
-  if (m.len != req->len) {
+  if (!req->takes(m.len)) {
     req->finish_error(Cause::kMismatch, size_mismatch(ch.peer, m.len, req->tag, req->len));
     m.discard = true;
     redirect_to_scratch(msg_id);

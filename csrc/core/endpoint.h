@@ -107,6 +107,9 @@ class Endpoint : public std::enable_shared_from_this<Endpoint> {
   // Waits for a request. On deadline the request is cancelled (the engine stops touching its
   // buffer before this returns) and Error(kTimeout) is thrown. timeout_s < 0: R2CCL_TIMEOUT.
   void wait(const std::shared_ptr<Request>& req, double timeout_s);
+  // Never waits: true once the request has finished (then its error, if any, is in it). A
+  // small request's socket work may run on this thread for one pass (Engine::test).
+  bool test(const std::shared_ptr<Request>& req);
 
   std::vector<RailStats> rail_stats(int peer);
   // Software fault injection on this side of one rail; sticky until Fault::kNone.

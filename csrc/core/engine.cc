@@ -959,6 +959,12 @@ bool Engine::caller_wait(const std::shared_ptr<Request>& req) {
   return done;
 }
 
+bool Engine::test(const std::shared_ptr<Request>& req) {
+  if (req->finished()) return true;
+  if (may_take_caller_path(*req)) caller_poll();   // one pass; try_lock: never waits for the engine thread
+  return req->finished();
+}
+
 void Engine::cancel(const std::shared_ptr<Request>& req, Cause cause, const std::string& why) {
   try {
     call([&] {
@@ -987,6 +993,7 @@ int Endpoint::world() const { return engine_->world(); }
 std::vector<std::string> Endpoint::addresses() const { return engine_->addresses(); }
 std::vector<std::string> Endpoint::transports() const { return engine_->transports(); }
 void Endpoint::add_peer(int peer, const std::vector<std::string>& a, bool open) { engine_->add_peer(peer, a, open); }
+bool Endpoint::test(const std::shared_ptr<Request>& req) { return engine_->test(req); }
 void Endpoint::open(const std::vector<int>& peers) { engine_->open(peers); }
 std::vector<int> Endpoint::opened_peers() { return engine_->opened_peers(); }
 

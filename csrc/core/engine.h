@@ -148,6 +148,11 @@ class Engine {
   // running the engine's socket work on this thread (the caller's path) for up to
   // R2CCL_POLL_US, so its completion needs no hand-over. True if it finished.
   bool caller_wait(const std::shared_ptr<Request>& req);
+  // Any thread but one already running the engine's work; never waits. True if the request
+  // has finished. A small one that has not gets one pass of the engine's socket work on this
+  // thread (the caller's path) when the engine thread is not running it: what an NCCL
+  // plugin's test() needs, called in a loop by NCCL's progress thread.
+  bool test(const std::shared_ptr<Request>& req);
   void cancel(const std::shared_ptr<Request>& req, Cause cause, const std::string& why);
   std::vector<RailStats> stats(int peer);
   InjectResult inject(int peer, int rail, Fault fault, double rate);

@@ -48,6 +48,13 @@ struct Request {
   // per message; counting them grew two maps by an entry per message for the life of the
   // job (tests/test_load.py: 16 MiB over 10^5 collectives).
   bool tag_once = false;
+  // Set before posting a receive: a shorter message matches it too (an NCCL net plugin's
+  // receive names its buffer's size, not the message's). Any other receive takes exactly
+  // `len` bytes, and a message of another size fails it as a mismatch.
+  bool up_to_len = false;
+  bool takes(uint64_t msg_len) const { return msg_len == len || (up_to_len && msg_len < len); }
+  // After it finished without error: the bytes the message held (a receive), `len` (a send).
+  uint64_t received = 0;
   // engine-only
   uint64_t msg_id = 0;
   uint32_t tag_seq = 0;

@@ -14,7 +14,8 @@
 //   - a rail paused on one end (nothing read or written: an injected stall), and revived;
 //   - rails revived by a new connection (the dialling side) that replaces a half-open one;
 //   - duplicated data frames on another rail, corrupted payloads under R2CCL_CRC;
-//   - weights changed, sends and receives cancelled, receive sizes that do not match.
+//   - weights changed, sends and receives cancelled, receive sizes that do not match,
+//     and receives larger than their message that take it (Request::up_to_len).
 // Then every fault heals and the schedule runs until every request has finished, within a
 // bound in simulated time. One schedule in ten instead loses every rail for good, and then
 // every unfinished request must fail with kAllRailsDown within R2CCL_TIMEOUT plus a bound.
@@ -75,6 +76,7 @@ struct Msg {
   uint64_t tag = 0;
   uint32_t k = 0;
   uint64_t len = 0, recv_len = 0;
+  bool up_to = false;     // the receive takes a shorter message too (Request::up_to_len: the NCCL plugin's)
   std::vector<uint8_t> src, dst;
   std::vector<uint8_t> want;   // what was sent (src is reused by its caller once a send finished)
   std::shared_ptr<Request> send, recv;
@@ -347,6 +349,11 @@ class Sim {
     uint64_t pick = rng_.below(100);
     m.len = pick < 5 ? 0 : pick < 30 ? 1 + rng_.below(64) : pick < 90 ? 65 + rng_.below(1000) : 1065 + rng_.below(3000);
     m.recv_len = (m.len > 0 && rng_.chance(0.02)) ? m.len + 1 : m.len;
+    // A receive larger than its message that says so: it succeeds with the message's bytes.
+    if (m.recv_len == m.len && rng_.chance(0.05)) {
+      m.up_to = true;
+      m.recv_len = m.len + 1 + rng_.below(128);
+    }
     m.src.resize(m.len);
     for (auto& b : m.src) b = static_cast<uint8_t>(rng_.next());
     m.want = m.src;
@@ -369,6 +376,7 @@ class Sim {
   void post_recv(Msg& m) {
     m.dst.assign(m.recv_len, 0xee);
     m.recv = std::make_shared<Request>(Request::kRecv, m.dir, m.tag, m.dst.data(), m.recv_len);
+    m.recv->up_to_len = m.up_to;
     Msg* mp = &m;
     m.recv->on_finish = [mp] { mp->recv_finishes++; };
     core_[1 - m.dir]->submit(m.recv, now_);
@@ -551,7 +559,17 @@ class Sim {
       if (m.send_cancelled || m.send->failed()) exact_count[m.dir] = false;
       const bool send_ok = !m.send->failed();
       const bool recv_ok = m.recv && !m.recv->failed();
-      if (recv_ok && (m.recv_len != m.len || m.dst != m.want)) fail(who + ": the receive succeeded with wrong bytes");
+      if (recv_ok && m.up_to) {
+        // The message's bytes, its size reported, and nothing written past it.
+        const bool exact = std::equal(m.want.begin(), m.want.end(), m.dst.begin()) &&
+                           std::all_of(m.dst.begin() + static_cast<long>(m.len), m.dst.end(),
+                                       [](uint8_t b) { return b == 0xee; });
+        if (!exact || m.recv->received != m.len)
+          fail(who + ": a larger receive (" + std::to_string(m.recv_len) + " bytes) got " +
+               std::to_string(m.recv->received) + " bytes" + (exact ? "" : ", not the message's"));
+      } else if (recv_ok && (m.recv_len != m.len || m.dst != m.want || m.recv->received != m.len)) {
+        fail(who + ": the receive succeeded with wrong bytes");
+      }
       if (m.send->failed() && !m.send_cancelled && m.send->error_cause() != Cause::kAllRailsDown)
         fail(who + ": the send failed: " + m.send->error_message());
       if (m.send->failed() && m.send->error_cause() == Cause::kAllRailsDown && !dead_for_good_)
@@ -562,7 +580,7 @@ class Sim {
       // The documented failures of a receive: a size mismatch, a sender that abandoned the
       // message, every rail lost for good.
       const Cause c = m.recv->error_cause();
-      if (m.recv_len != m.len && c == Cause::kMismatch) continue;
+      if (m.recv_len != m.len && !m.up_to && c == Cause::kMismatch) continue;
       if (m.send_cancelled && c == Cause::kTimeout) continue;
       if (dead_for_good_ && c == Cause::kAllRailsDown) continue;
       fail(who + ": the receive of " + std::to_string(m.recv_len) + " bytes failed (" + m.recv->error_message() + ")" +
