@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "base/config.h"
+#include "core/identity.h"
 #include "core/rail_state.h"
 #include "core/request.h"
 
@@ -70,6 +71,10 @@ class Endpoint : public std::enable_shared_from_this<Endpoint> {
   // IPv4 addresses. Opens one listener per NIC and starts the progress engine.
   Endpoint(const Config& cfg, int rank, int world, const std::vector<std::string>& nics,
            const std::string& secret);
+  // Another owner's endpoint (the NCCL net plugin's): `identity` says who peers are, which side
+  // dials and what a rail proves (core/identity.h); `rank` and `world` only name this process.
+  Endpoint(const Config& cfg, int rank, int world, const std::vector<std::string>& nics,
+           std::unique_ptr<PeerIdentity> identity);
   ~Endpoint();
   Endpoint(const Endpoint&) = delete;
   Endpoint& operator=(const Endpoint&) = delete;
@@ -85,6 +90,9 @@ class Endpoint : public std::enable_shared_from_this<Endpoint> {
   // collectives use).
   void add_peer(int peer, const std::vector<std::string>& addresses, bool open = true);
   void open(const std::vector<int>& peers);
+  // Says goodbye on the peer's rails, fails its pending requests (kClosed, `why`) and forgets
+  // it: the rails close and the peer may not be used again. A no-op for an unknown peer.
+  void remove_peer(int peer, const std::string& why);
   // The peers whose rails are wanted (opened), in rank order.
   std::vector<int> opened_peers();
   // Waits until every rail to every given peer is up. Throws Error(kTimeout) naming the

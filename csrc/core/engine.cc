@@ -307,46 +307,67 @@ void Engine::add_peer(int peer, const std::vector<std::string>& addrs, bool open
   }
   call([&] {
     if (peers_.count(peer)) throw Error(Cause::kInvalidArgument, peer, "peer added twice");
-    auto pr = std::make_unique<Peer>();
-    pr->eng = this;
-    pr->rank = peer;
-    pr->connector = identity_->dials(peer);
-    pr->remote = remote;
-    size_t n_local = nics_.size(), n_remote = remote.size();
-    size_t pairs = std::max(n_local, n_remote);
-    std::vector<std::pair<int, int>> nic_pairs;
-    std::vector<std::string> names;
-    const std::string pname = identity_->peer_name(peer) + " (" + remote[0].str() + ")";
-    for (size_t i = 0; i < pairs * static_cast<size_t>(cfg_.conns_per_nic); i++) {
-      size_t p = i % pairs;
-      int local = static_cast<int>(p % n_local), rem = static_cast<int>(p % n_remote);
-      nic_pairs.push_back({local, rem});
-      const bool mine = nic_tp_[static_cast<size_t>(local)] != tp_.get();
-      if (mine != remote_verbs[static_cast<size_t>(rem)])
-        throw Error(Cause::kInvalidArgument, peer,
-                    "rail " + std::to_string(i) + " to " + identity_->peer_name(peer) + ": our NIC " + nics_[local].name +
-                        " uses " + (mine ? "ibverbs" : "socket") + ", the peer's NIC " + remote[rem].str() + " uses " +
-                        (mine ? "socket" : "ibverbs") +
-                        "; every rank must pick the same transport for a NIC pair (set R2CCL_TRANSPORT=socket on "
-                        "every rank, or give every rank RDMA ports on these NICs)");
-      names.push_back("rail " + std::to_string(i) + " to " + identity_->peer_name(peer) + " (" + nics_[local].name +
-                      " " + nics_[local].addr_str() + " -> " + remote[rem].str() + ")");
-      auto l = std::make_unique<Link>();
-      l->peer = pr.get();
-      l->index = static_cast<int>(i);
-      l->poll.obj = l.get();
-      pr->links.push_back(std::move(l));
-    }
-    pr->core = std::make_unique<ChannelCore>(peer, pname, std::move(names), nic_pairs, ChannelSettings::from(cfg_),
-                                             pr.get(), now_ns());
-    Peer& c = *pr;
-    peers_[peer] = std::move(pr);
+    Peer& c = make_peer(peer, remote, remote_verbs);
     if (open) open_peer(c);
     for (auto& p : pendings_)
       if (p->parked && !p->dead) {
         p->parked = false;
         pending_hello(*p);
       }
+  });
+}
+
+Peer& Engine::make_peer(int peer, const std::vector<NetAddr>& remote, const std::vector<bool>& remote_verbs) {
+  auto pr = std::make_unique<Peer>();
+  pr->eng = this;
+  pr->rank = peer;
+  pr->connector = identity_->dials(peer);
+  pr->remote = remote;
+  size_t n_local = nics_.size(), n_remote = remote.size();
+  size_t pairs = std::max(n_local, n_remote);
+  std::vector<std::pair<int, int>> nic_pairs;
+  std::vector<std::string> names;
+  const std::string pname = identity_->peer_name(peer) + " (" + remote[0].str() + ")";
+  for (size_t i = 0; i < pairs * static_cast<size_t>(cfg_.conns_per_nic); i++) {
+    size_t p = i % pairs;
+    int local = static_cast<int>(p % n_local), rem = static_cast<int>(p % n_remote);
+    nic_pairs.push_back({local, rem});
+    const bool mine = nic_tp_[static_cast<size_t>(local)] != tp_.get();
+    if (mine != remote_verbs[static_cast<size_t>(rem)])
+      throw Error(Cause::kInvalidArgument, peer,
+                  "rail " + std::to_string(i) + " to " + identity_->peer_name(peer) + ": our NIC " + nics_[local].name +
+                      " uses " + (mine ? "ibverbs" : "socket") + ", the peer's NIC " + remote[rem].str() + " uses " +
+                      (mine ? "socket" : "ibverbs") +
+                      "; every rank must pick the same transport for a NIC pair (set R2CCL_TRANSPORT=socket on "
+                      "every rank, or give every rank RDMA ports on these NICs)");
+    names.push_back("rail " + std::to_string(i) + " to " + identity_->peer_name(peer) + " (" + nics_[local].name +
+                    " " + nics_[local].addr_str() + " -> " + remote[rem].str() + ")");
+    auto l = std::make_unique<Link>();
+    l->peer = pr.get();
+    l->index = static_cast<int>(i);
+    l->poll.obj = l.get();
+    pr->links.push_back(std::move(l));
+  }
+  pr->core = std::make_unique<ChannelCore>(peer, pname, std::move(names), nic_pairs, ChannelSettings::from(cfg_),
+                                           pr.get(), now_ns());
+  Peer& c = *pr;
+  peers_[peer] = std::move(pr);
+  return c;
+}
+
+void Engine::remove_peer(int peer, const std::string& why) {
+  call([&] {
+    auto it = peers_.find(peer);
+    if (it == peers_.end()) return;
+    Peer& pr = *it->second;
+    pr.core->goodbye();
+    for (auto& l : pr.links) {
+      Rail& r = pr.rail(l->index);
+      if (l->link && r.state == RailState::kUp && (r.cur.active || !r.ctrl.empty())) rail_flush(pr, *l);
+    }
+    pr.core->kill(Cause::kClosed, why);
+    for (auto& l : pr.links) drop_link(pr, *l, true);
+    peers_.erase(it);
   });
 }
 
@@ -677,7 +698,7 @@ void Engine::check_peer_gone(Peer& pr, int64_t now) {
   // every connection was closed on it, asks the peer's listener directly.
   int64_t grace_ms = std::max<int64_t>(1000, 3 * cfg_.reprobe_ms);
   bool gone = pr.connector ? all_refused : false;
-  if (!pr.connector && all_closed && down_ms >= grace_ms && now - pr.last_probe_ns > grace_ms * kMs) {
+  if (!pr.connector && pr.probe_listener && all_closed && down_ms >= grace_ms && now - pr.last_probe_ns > grace_ms * kMs) {
     pr.last_probe_ns = now;
     gone = probe_refused(pr);
   }
@@ -987,7 +1008,11 @@ void Engine::cancel(const std::shared_ptr<Request>& req, Cause cause, const std:
 Endpoint::Endpoint(const Config& cfg, int rank, int world, const std::vector<std::string>& nics,
                    const std::string& secret)
     : engine_(std::make_unique<Engine>(cfg, rank, world, nics, secret)) {}
+Endpoint::Endpoint(const Config& cfg, int rank, int world, const std::vector<std::string>& nics,
+                   std::unique_ptr<PeerIdentity> identity)
+    : engine_(std::make_unique<Engine>(cfg, rank, world, nics, std::move(identity))) {}
 Endpoint::~Endpoint() = default;
+void Endpoint::remove_peer(int peer, const std::string& why) { engine_->remove_peer(peer, why); }
 int Endpoint::rank() const { return engine_->rank(); }
 int Endpoint::world() const { return engine_->world(); }
 std::vector<std::string> Endpoint::addresses() const { return engine_->addresses(); }

@@ -93,6 +93,7 @@ struct Peer final : RailIo {
   std::vector<std::unique_ptr<Link>> links;
   std::unique_ptr<ChannelCore> core;
   int64_t last_probe_ns = 0;       // acceptor side: last liveness probe of the peer's listener
+  bool probe_listener = true;      // its listen addresses are known (not a peer added on its hello)
 
   Channel& ch() { return core->ch; }
   Rail& rail(int i) { return *core->ch.rails[static_cast<size_t>(i)]; }
@@ -136,6 +137,9 @@ class Engine {
 
   // Declares a peer; with `open`, its rails start connecting now, else on first use (open()).
   void add_peer(int peer, const std::vector<std::string>& addrs, bool open = true);
+  // Any thread but the engine's: says goodbye on the peer's rails, fails its pending requests
+  // (kClosed, `why`) and forgets it (an NCCL plugin's closed connection). No-op if unknown.
+  void remove_peer(int peer, const std::string& why);
   // Any thread: the peers' rails start connecting (a no-op for a peer already open).
   void open(const std::vector<int>& peers);
   // Peers whose rails are wanted (opened), in rank order. Any thread.
@@ -214,6 +218,8 @@ class Engine {
   void set_link(Link& l, std::unique_ptr<FrameLink> link);
   void redial_link(Peer& pr, Link& l);
   void open_peer(Peer& pr);   // engine context
+  // Engine context: a new peer's channel and links (add_peer; a hello the identity adds).
+  Peer& make_peer(int peer, const std::vector<NetAddr>& remote, const std::vector<bool>& remote_verbs);
   bool may_dial(const Peer& pr, const Link& l) const;
   void set_interest(Link& l);
   void epoll_add(int fd, Pollable* p, uint32_t ev);

@@ -135,6 +135,22 @@ void Engine::pending_read(Pending& p) {
 void Engine::pending_hello(Pending& p) {
   const HelloBody& h = p.hs.hello();
   auto it = peers_.find(p.hs.peer());
+  if (it == peers_.end() && p.hs.add_with_nics() > 0) {
+    // The identity adds peers on their first hello (the NCCL plugin's accepting side): this
+    // side listens, and knows of the dialler only its NIC count (rails pair NICs by index).
+    const size_t n = static_cast<size_t>(p.hs.add_with_nics());
+    std::vector<NetAddr> remote(n);
+    std::vector<bool> remote_verbs(n);
+    for (size_t k = 0; k < n; k++) remote_verbs[k] = nic_tp_[k % nics_.size()] != tp_.get();
+    try {
+      Peer& c = make_peer(p.hs.peer(), remote, remote_verbs);
+      c.probe_listener = false;
+      c.opened = true;
+    } catch (const Error& e) {
+      return pending_reject(p, e.what());
+    }
+    it = peers_.find(p.hs.peer());
+  }
   if (it == peers_.end()) {
     p.parked = true;   // bootstrap race: the peer dialled before add_peer() ran here
     epoll_mod(p.link->wait_fd(), &p.poll, 0);

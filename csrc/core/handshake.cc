@@ -24,7 +24,7 @@ std::string AcceptorHandshake::on_hello(const uint8_t body[kHelloBytes]) {
   if (stage_ != 0) return "a second hello";
   HelloBody h = decode_hello(body);
   const HelloIds ids{h.job_id, h.from_rank, h.to_rank};
-  std::string why = identity_->accept_hello(ids, &peer_, &key_);
+  std::string why = identity_->accept_hello(ids, &peer_, &key_, &add_with_nics_);
   if (!why.empty()) return why;
   std::memcpy(hello_, body, kHelloBytes);
   hb_ = h;

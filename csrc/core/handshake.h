@@ -33,7 +33,7 @@ inline constexpr char kConnectorLabel[] = "r2ccl-v1-connector";
 // The listener's side of one accepted connection.
 class AcceptorHandshake {
  public:
-  explicit AcceptorHandshake(const PeerIdentity* identity = nullptr) : identity_(identity) {}
+  explicit AcceptorHandshake(PeerIdentity* identity = nullptr) : identity_(identity) {}
 
   // A header arrived (decode_header accepted it): empty when its payload is to be read, else
   // why the connection is refused (a frame other than the one this stage expects).
@@ -50,11 +50,13 @@ class AcceptorHandshake {
   bool admitted() const { return stage_ == 3; }
   const HelloBody& hello() const { return hb_; }
   int peer() const { return peer_; }   // the peer the identity named (after a valid hello)
+  int add_with_nics() const { return add_with_nics_; }   // PeerIdentity::accept_hello
 
  private:
-  const PeerIdentity* identity_;
+  PeerIdentity* identity_;
   const std::string* key_ = nullptr;
   int peer_ = -1;
+  int add_with_nics_ = 0;
   int stage_ = 0;   // 0: await hello, 1: hello valid (challenge to send), 2: await auth, 3: admitted
   uint8_t hello_[kHelloBytes] = {};
   HelloBody hb_{};

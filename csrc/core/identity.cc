@@ -18,7 +18,8 @@ std::string JobIdentity::check_peer(int peer) const {
   return {};
 }
 
-std::string JobIdentity::accept_hello(const HelloIds& h, int* peer, const std::string** key) const {
+std::string JobIdentity::accept_hello(const HelloIds& h, int* peer, const std::string** key, int* add_with_nics) {
+  *add_with_nics = 0;   // a rank not added yet is parked: bootstrap adds every peer
   if (h.domain != job_id_) return "hello from another job (job id mismatch)";
   if (h.to != static_cast<uint32_t>(rank_)) return "hello meant for rank " + std::to_string(h.to);
   // The higher rank dials the lower: a hello from a rank at or below ours is not the protocol.

@@ -18,8 +18,8 @@ struct HelloIds {
   uint32_t from = 0, to = 0;
 };
 
-// Called on the engine's thread only (add_peer's checks from the caller's, before the peer
-// exists); an implementation's state must outlive the engine.
+// Called on the engine's thread, except check_peer, dials and peer_name, which add_peer also
+// calls from the caller's; an implementation's state must outlive the engine.
 class PeerIdentity {
  public:
   virtual ~PeerIdentity() = default;
@@ -34,8 +34,10 @@ class PeerIdentity {
   // The key of both ends' proofs on a rail with `peer` (at least 16 bytes).
   virtual const std::string& key(int peer) const = 0;
   // An acceptor's check of a hello: "" with the peer it comes from and the key its proofs use,
-  // or why the connection is refused. The peer need not be added yet (the engine parks it).
-  virtual std::string accept_hello(const HelloIds& h, int* peer, const std::string** key) const = 0;
+  // or why the connection is refused. A peer not added yet is parked until it is, or, when
+  // the identity sets *add_with_nics > 0, added by the engine at once as the listening side of
+  // a dialler with that many NICs (the NCCL plugin's accepting side: no bootstrap tells it).
+  virtual std::string accept_hello(const HelloIds& h, int* peer, const std::string** key, int* add_with_nics) = 0;
 };
 
 // The job's identity: ranks 0..world-1, the job id derived from the secret.
@@ -53,7 +55,7 @@ class JobIdentity final : public PeerIdentity {
     return {job_id_, static_cast<uint32_t>(rank_), static_cast<uint32_t>(peer)};
   }
   const std::string& key(int) const override { return secret_; }
-  std::string accept_hello(const HelloIds& h, int* peer, const std::string** key) const override;
+  std::string accept_hello(const HelloIds& h, int* peer, const std::string** key, int* add_with_nics) override;
 
  private:
   std::string secret_;

@@ -31,7 +31,7 @@ HelloBody hello_for(uint64_t job, uint32_t from, uint32_t to) {
 }
 
 void honest_exchange() {
-  const JobIdentity acc_id(kSecret, kJob, 0, 4);
+  JobIdentity acc_id(kSecret, kJob, 0, 4);
   AcceptorHandshake acc(&acc_id);
   ConnectorHandshake con(&kSecret);
   const std::vector<uint8_t> hello = con.hello(hello_for(kJob, 2, 0));
@@ -57,24 +57,24 @@ void honest_exchange() {
 
 void acceptor_refusals() {
   {
-    const JobIdentity acc_id(kSecret, kJob, 0, 4);
+    JobIdentity acc_id(kSecret, kJob, 0, 4);
     AcceptorHandshake acc(&acc_id);
     uint8_t b[kHelloBytes];
     encode_hello(hello_for(kJob + 1, 2, 0), b);
     check(acc.on_hello(b).find("another job") != std::string::npos, "a hello of another job is refused");
     encode_hello(hello_for(kJob, 2, 1), b);
-    const JobIdentity acc2_id(kSecret, kJob, 0, 4);
+    JobIdentity acc2_id(kSecret, kJob, 0, 4);
     AcceptorHandshake acc2(&acc2_id);
     check(acc2.on_hello(b).find("meant for rank 1") != std::string::npos, "a hello for another rank is refused");
     for (uint32_t from : {0u, 4u, 0xffffffffu}) {
-      const JobIdentity a_id(kSecret, kJob, 0, 4);
+      JobIdentity a_id(kSecret, kJob, 0, 4);
       AcceptorHandshake a(&a_id);
       encode_hello(hello_for(kJob, from, 0), b);
       check(a.on_hello(b).find("invalid rank") != std::string::npos, "a hello from rank " + std::to_string(from));
     }
   }
   {
-    const JobIdentity acc_id(kSecret, kJob, 0, 4);
+    JobIdentity acc_id(kSecret, kJob, 0, 4);
     AcceptorHandshake acc(&acc_id);
     check(!acc.on_header(header(FrameType::kAuth, kAuthBytes)).empty(), "an auth before the hello is refused");
     uint8_t zero[kAuthBytes] = {};
@@ -82,7 +82,7 @@ void acceptor_refusals() {
   }
   {
     // A proof made with another secret, and a right proof replayed for another nonce.
-    const JobIdentity acc_id(kSecret, kJob, 0, 4);
+    JobIdentity acc_id(kSecret, kJob, 0, 4);
     AcceptorHandshake acc(&acc_id);
     uint8_t hello[kHelloBytes];
     encode_hello(hello_for(kJob, 3, 0), hello);
@@ -153,7 +153,8 @@ class KeyPerDomain final : public PeerIdentity {
   bool dials(int) const override { return true; }
   HelloIds hello_to(int peer) const override { return {0xA, 77, static_cast<uint32_t>(peer)}; }
   const std::string& key(int) const override { return key_a; }
-  std::string accept_hello(const HelloIds& h, int* peer, const std::string** key) const override {
+  std::string accept_hello(const HelloIds& h, int* peer, const std::string** key, int* add_with_nics) override {
+    *add_with_nics = 2;
     if (h.domain != 0xA && h.domain != 0xB) return "no such listen handle";
     *peer = 1000 + static_cast<int>(h.from);
     *key = h.domain == 0xA ? &key_a : &key_b;
@@ -170,6 +171,7 @@ void identity_decides_peer_and_key() {
     const std::vector<uint8_t> hello = con.hello(hello_for(ids.domain, ids.from, ids.to));
     check(acc.on_hello(hello.data()).empty(), "the identity accepts the hello");
     check(acc.peer() == 1077, "the peer is the identity's, not the hello's rank");
+    check(acc.add_with_nics() == 2, "and whether the engine adds it on this hello");
     uint8_t nonce[kNonceBytes] = {9};
     const std::vector<uint8_t> ch = acc.challenge(nonce);
     Mac auth;

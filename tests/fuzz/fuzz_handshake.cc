@@ -63,7 +63,7 @@ bool next_frame(FuzzedDataProvider& in, FrameHeader* h, std::vector<uint8_t>* bo
 void acceptor(FuzzedDataProvider& in) {
   const int world = in.ConsumeIntegralInRange<int>(2, 8);
   const int rank = in.ConsumeIntegralInRange<int>(0, world - 1);
-  const JobIdentity hs_id(kSecret, kJob, rank, world);
+  JobIdentity hs_id(kSecret, kJob, rank, world);
   AcceptorHandshake hs(&hs_id);
   // What an honest connector would send: a hello for this job and rank, then the right auth.
   HelloBody good{kJob, static_cast<uint32_t>(world - 1), static_cast<uint32_t>(rank), 0, 0, {}};
@@ -164,7 +164,7 @@ void captured_acceptor(const uint8_t* p, const uint8_t* end) {
   const int rank = p[8], world = p[9];
   const uint8_t* nonce = p + 10;
   p += 10 + kNonceBytes;
-  const JobIdentity hs_id(kSecret, job, rank, world);
+  JobIdentity hs_id(kSecret, job, rank, world);
   AcceptorHandshake hs(&hs_id);
   FrameHeader h;
   std::vector<uint8_t> body;
