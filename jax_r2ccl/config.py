@@ -123,32 +123,9 @@ Config.__doc__ = ("Every R2CCL_* setting's value, one frozen field per row of SE
 
 
 def default_nics() -> list[str]:
-    """Non-loopback interfaces that are up and have an IPv4 address; else 127.0.0.1."""
-    import socket
-    import struct
-    import fcntl
-    names = []
-    try:
-        for _, name in socket.if_nameindex():
-            if name == "lo":
-                continue
-            try:
-                with open(f"/sys/class/net/{name}/operstate") as f:
-                    if f.read().strip() not in ("up", "unknown"):
-                        continue
-            except OSError:
-                continue
-            s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-            try:
-                fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", name.encode()[:15]))  # SIOCGIFADDR
-                names.append(name)
-            except OSError:
-                pass
-            finally:
-                s.close()
-    except OSError:
-        pass
-    return names or ["127.0.0.1"]
+    """Non-loopback interfaces that are up and have an IPv4 address; else 127.0.0.1 (the core's
+    rule, shared with the NCCL plugin: _core.default_nics)."""
+    return list(_core.default_nics())
 
 
 def settings_table() -> str:

@@ -109,6 +109,8 @@ class Endpoint : public std::enable_shared_from_this<Endpoint> {
                                      std::function<void()> on_finish = {}, bool tag_once = false);
   std::shared_ptr<Request> post_recv(int peer, uint64_t tag, void* buf, uint64_t len,
                                      std::function<void()> on_finish = {}, bool tag_once = false);
+  // Posts a request the caller built (Request::up_to_len and the other flags set first).
+  void post(const std::shared_ptr<Request>& req);
   // Stops the engine touching a request's buffer and fails it (no-op once finished).
   void cancel(const std::shared_ptr<Request>& req, Cause cause, const std::string& why);
   const Config& config() const;

@@ -356,6 +356,21 @@ Peer& Engine::make_peer(int peer, const std::vector<NetAddr>& remote, const std:
 }
 
 void Engine::remove_peer(int peer, const std::string& why) {
+  // Eager sends finished when copied: their bytes reach the peer before its rails close
+  // (bounded, as at shutdown: a peer that neither acks nor loses its rails is left).
+  const int64_t until = now_ns() + std::min<int64_t>(static_cast<int64_t>(cfg_.timeout_s * 1e9), kEagerDrainNs);
+  for (int round = 0;; round++) {
+    size_t left = 0;
+    call([&] {
+      auto it = peers_.find(peer);
+      if (it == peers_.end()) return;
+      Channel& c = it->second->ch();
+      if (c.dead || c.rails_up() == 0 || c.eager_sends.empty()) return;
+      left = round % 50 == 0 ? it->second->core->request_acks(now_ns()) : c.eager_sends.size();
+    });
+    if (left == 0 || now_ns() > until) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
   call([&] {
     auto it = peers_.find(peer);
     if (it == peers_.end()) return;
@@ -1019,6 +1034,7 @@ std::vector<std::string> Endpoint::addresses() const { return engine_->addresses
 std::vector<std::string> Endpoint::transports() const { return engine_->transports(); }
 void Endpoint::add_peer(int peer, const std::vector<std::string>& a, bool open) { engine_->add_peer(peer, a, open); }
 bool Endpoint::test(const std::shared_ptr<Request>& req) { return engine_->test(req); }
+void Endpoint::post(const std::shared_ptr<Request>& req) { engine_->submit(req); }
 void Endpoint::open(const std::vector<int>& peers) { engine_->open(peers); }
 std::vector<int> Endpoint::opened_peers() { return engine_->opened_peers(); }
 

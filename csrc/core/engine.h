@@ -205,6 +205,7 @@ class Engine {
   void stranger_log(LogLevel level, const std::string& line);
   void stranger_log_window(int64_t now);
   void admit(Pending& p);
+  Peer* admitted_peer(Pending& p);   // admit's peer for a hello that named none (null: rejected)
 
   // links: dialling, the connector's handshake, bytes in and out
   void start_connect(Peer& pr, Link& l);

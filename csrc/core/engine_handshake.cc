@@ -130,40 +130,33 @@ void Engine::pending_read(Pending& p) {
   }
 }
 
-// A valid hello (job, ranks: AcceptorHandshake::on_hello) against the peers this engine has:
-// answered with a challenge, or parked until its peer is added.
+// A valid hello (AcceptorHandshake::on_hello) against the peers this engine has: answered
+// with a challenge, or parked until its peer is added. A hello the identity names no peer for
+// yet (peer() < 0, the NCCL plugin's accepting side) is answered too: its peer is made only
+// once the dialler proved the key (admit), so a stranger's bytes allocate nothing.
 void Engine::pending_hello(Pending& p) {
   const HelloBody& h = p.hs.hello();
-  auto it = peers_.find(p.hs.peer());
-  if (it == peers_.end() && p.hs.add_with_nics() > 0) {
-    // The identity adds peers on their first hello (the NCCL plugin's accepting side): this
-    // side listens, and knows of the dialler only its NIC count (rails pair NICs by index).
-    const size_t n = static_cast<size_t>(p.hs.add_with_nics());
-    std::vector<NetAddr> remote(n);
-    std::vector<bool> remote_verbs(n);
-    for (size_t k = 0; k < n; k++) remote_verbs[k] = nic_tp_[k % nics_.size()] != tp_.get();
-    try {
-      Peer& c = make_peer(p.hs.peer(), remote, remote_verbs);
-      c.probe_listener = false;
-      c.opened = true;
-    } catch (const Error& e) {
-      return pending_reject(p, e.what());
+  if (p.hs.peer() < 0) {
+    const int n = p.hs.add_with_nics();
+    if (n < 1) return pending_reject(p, "hello names no peer");
+    const size_t rails = std::max(nics_.size(), static_cast<size_t>(n)) * static_cast<size_t>(cfg_.conns_per_nic);
+    if (h.rail >= rails) return pending_reject(p, "hello names rail " + std::to_string(h.rail) + " that does not exist");
+  } else {
+    auto it = peers_.find(p.hs.peer());
+    if (it == peers_.end()) {
+      p.parked = true;   // bootstrap race: the peer dialled before add_peer() ran here
+      epoll_mod(p.link->wait_fd(), &p.poll, 0);
+      return;
     }
-    it = peers_.find(p.hs.peer());
+    Peer& pr = *it->second;
+    if (pr.ch().dead) return pending_reject(p, "channel to " + pr.core->peer_name() + " is closed");
+    if (h.rail >= pr.links.size()) return pending_reject(p, "hello names rail " + std::to_string(h.rail) + " that does not exist");
+    const Link& l = *pr.links[h.rail];
+    if (pr.rail(static_cast<int>(h.rail)).local_nic != p.nic)
+      return pending_reject(p, "rail " + std::to_string(h.rail) + " arrived on the wrong NIC");
+    if (l.fault == Fault::kClose || l.fault == Fault::kStall)
+      return pending_reject(p, "rail " + std::to_string(h.rail) + " is held down by an injected fault", true);
   }
-  if (it == peers_.end()) {
-    p.parked = true;   // bootstrap race: the peer dialled before add_peer() ran here
-    epoll_mod(p.link->wait_fd(), &p.poll, 0);
-    return;
-  }
-  Peer& pr = *it->second;
-  if (pr.ch().dead) return pending_reject(p, "channel to " + pr.core->peer_name() + " is closed");
-  if (h.rail >= pr.links.size()) return pending_reject(p, "hello names rail " + std::to_string(h.rail) + " that does not exist");
-  const Link& l = *pr.links[h.rail];
-  if (pr.rail(static_cast<int>(h.rail)).local_nic != p.nic)
-    return pending_reject(p, "rail " + std::to_string(h.rail) + " arrived on the wrong NIC");
-  if (l.fault == Fault::kClose || l.fault == Fault::kStall)
-    return pending_reject(p, "rail " + std::to_string(h.rail) + " is held down by an injected fault", true);
   epoll_mod(p.link->wait_fd(), &p.poll, EPOLLIN);
   uint8_t nonce[kNonceBytes];
   random_bytes(nonce, kNonceBytes);
@@ -173,9 +166,43 @@ void Engine::pending_hello(Pending& p) {
   if (!send_at_once(*p.link, f)) return pending_reject(p, "could not send the challenge");
 }
 
+// The peer of an admitted hello the identity named none for: the same one for every rail of
+// the dialler's connection (PeerIdentity::admit_new), made on its first rail as the listening
+// side of a dialler with add_with_nics() NICs, of which it knows no listener.
+Peer* Engine::admitted_peer(Pending& p) {
+  const HelloBody& h = p.hs.hello();
+  const int id = identity_->admit_new(HelloIds{h.job_id, h.from_rank, h.to_rank});
+  auto it = peers_.find(id);
+  if (it != peers_.end()) return it->second.get();
+  if (id < 0) {
+    pending_reject(p, "the identity admitted no peer for this hello");
+    return nullptr;
+  }
+  const size_t n = static_cast<size_t>(p.hs.add_with_nics());
+  std::vector<NetAddr> remote(n);
+  std::vector<bool> remote_verbs(n);
+  for (size_t k = 0; k < n; k++) remote_verbs[k] = nic_tp_[k % nics_.size()] != tp_.get();
+  try {
+    Peer& c = make_peer(id, remote, remote_verbs);
+    c.probe_listener = false;
+    c.opened = true;
+    return &c;
+  } catch (const Error& e) {
+    pending_reject(p, e.what());
+    return nullptr;
+  }
+}
+
 void Engine::admit(Pending& p) {
-  Peer& pr = *peers_.at(p.hs.peer());
+  Peer* found = p.hs.peer() >= 0 ? peers_.at(p.hs.peer()).get() : admitted_peer(p);
+  if (!found) return;
+  Peer& pr = *found;
   const int idx = static_cast<int>(p.hs.hello().rail);
+  if (p.hs.peer() < 0) {   // (checked at the hello for a peer known then)
+    if (idx >= static_cast<int>(pr.links.size()) || pr.rail(idx).local_nic != p.nic)
+      return pending_reject(p, "rail " + std::to_string(idx) + " arrived on the wrong NIC");
+    if (pr.ch().dead) return pending_reject(p, "channel to " + pr.core->peer_name() + " is closed");
+  }
   Link& l = *pr.links[static_cast<size_t>(idx)];
   const Rail& r = pr.rail(idx);
   if (nic_down_[static_cast<size_t>(r.local_nic)])

@@ -34,10 +34,14 @@ class PeerIdentity {
   // The key of both ends' proofs on a rail with `peer` (at least 16 bytes).
   virtual const std::string& key(int peer) const = 0;
   // An acceptor's check of a hello: "" with the peer it comes from and the key its proofs use,
-  // or why the connection is refused. A peer not added yet is parked until it is, or, when
-  // the identity sets *add_with_nics > 0, added by the engine at once as the listening side of
-  // a dialler with that many NICs (the NCCL plugin's accepting side: no bootstrap tells it).
+  // or why the connection is refused. A peer not added yet is parked until it is. An identity
+  // whose peers are not announced (the NCCL plugin's accepting side: no bootstrap tells it)
+  // sets *peer = -1 and *add_with_nics to the dialler's NIC count: once the dialler has proved
+  // the key, the engine asks admit_new for the peer and adds it as the listening side.
   virtual std::string accept_hello(const HelloIds& h, int* peer, const std::string** key, int* add_with_nics) = 0;
+  // The peer of a proven hello that accept_hello named none for: the same for every rail of one
+  // dialler's connection (same domain and from), a new one for its first (-1: refuse).
+  virtual int admit_new(const HelloIds&) { return -1; }
 };
 
 // The job's identity: ranks 0..world-1, the job id derived from the secret.

@@ -3,7 +3,12 @@
 #include <ifaddrs.h>
 #include <net/if.h>
 
+#include <sys/ioctl.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <cstring>
+#include <fstream>
 
 #include "base/error.h"
 #include "net/transport.h"
@@ -26,6 +31,27 @@ std::string Nic::addr_str() const {
   char buf[INET_ADDRSTRLEN];
   inet_ntop(AF_INET, &addr, buf, sizeof buf);
   return buf;
+}
+
+std::vector<std::string> default_nics() {
+  std::vector<std::string> out;
+  if (struct if_nameindex* list = if_nameindex()) {
+    const int fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    for (struct if_nameindex* i = list; fd >= 0 && i->if_index != 0; i++) {
+      const std::string name = i->if_name;
+      if (name == "lo") continue;
+      std::ifstream f("/sys/class/net/" + name + "/operstate");
+      std::string state;
+      if (!(f >> state) || (state != "up" && state != "unknown")) continue;
+      struct ifreq req {};
+      std::strncpy(req.ifr_name, name.c_str(), IFNAMSIZ - 1);
+      if (::ioctl(fd, SIOCGIFADDR, &req) == 0) out.push_back(name);
+    }
+    if (fd >= 0) ::close(fd);
+    if_freenameindex(list);
+  }
+  if (out.empty()) out.push_back("127.0.0.1");
+  return out;
 }
 
 Nic resolve_nic(const std::string& name) {

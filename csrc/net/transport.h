@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace r2ccl {
 
@@ -30,6 +31,9 @@ struct Nic {
 // Resolves "nic0", "eth1" or "198.18.0.1" to a Nic; throws Error(kInvalidArgument) naming the
 // input when no such interface or local address exists.
 Nic resolve_nic(const std::string& name);
+// The NICs R2CCL_NICS means when empty: every non-loopback interface that is up (operstate up
+// or unknown) and has an IPv4 address, in interface-index order; else {"127.0.0.1"}.
+std::vector<std::string> default_nics();
 
 struct NetAddr {
   sockaddr_in sa{};

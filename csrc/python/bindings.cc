@@ -318,6 +318,9 @@ NB_MODULE(_core, m) {
       nb::arg("nics"),
       "Whether the verbs backend can run here ('unavailable': '' or why not) and, per NIC, what "
       "R2CCL_TRANSPORT=auto would pick for it ('ibverbs' or 'socket: <why>').");
+  m.def("default_nics", &default_nics,
+        "The NICs an empty R2CCL_NICS means: every non-loopback interface that is up and has an IPv4 "
+        "address, in interface order; else ['127.0.0.1'] (net/nic.cc; the NCCL plugin reads the same).");
   m.def("io_threads_for", &resolve_io_threads, nb::arg("setting"), nb::arg("nics"),
         "R2CCL_IO_THREADS resolved for this many NICs on this machine (-1: the automatic choice).");
   m.def(

@@ -1,0 +1,73 @@
+// The plugin's listen handle (nccl/handle.h): its fixed layout, written and checked.
+#include "nccl/handle.h"
+
+#include <arpa/inet.h>
+
+#include <cstring>
+
+#include "net/ibverbs/verbs_transport.h"
+
+namespace r2ccl::nccl {
+
+namespace {
+void put16(uint8_t* p, uint16_t v) { p[0] = static_cast<uint8_t>(v); p[1] = static_cast<uint8_t>(v >> 8); }
+void put32(uint8_t* p, uint32_t v) { for (int i = 0; i < 4; i++) p[i] = static_cast<uint8_t>(v >> (8 * i)); }
+void put64(uint8_t* p, uint64_t v) { for (int i = 0; i < 8; i++) p[i] = static_cast<uint8_t>(v >> (8 * i)); }
+uint16_t get16(const uint8_t* p) { return static_cast<uint16_t>(p[0] | (p[1] << 8)); }
+uint32_t get32(const uint8_t* p) { uint32_t v = 0; for (int i = 3; i >= 0; i--) v = (v << 8) | p[i]; return v; }
+uint64_t get64(const uint8_t* p) { uint64_t v = 0; for (int i = 7; i >= 0; i--) v = (v << 8) | p[i]; return v; }
+}  // namespace
+
+// Layout: magic u32, version u8, NIC count u8, reserved u16, listen id u64, nonce[32], then per
+// NIC (kHandleMaxNics slots): IPv4 (network order) u32, port u16, flags u8 (1: verbs), pad u8.
+void ListenHandle::encode(uint8_t* out) const {
+  std::memset(out, 0, kNcclHandleBytes);
+  put32(out, kHandleMagic);
+  out[4] = kHandleVersion;
+  out[5] = static_cast<uint8_t>(addrs.size());
+  put64(out + 8, listen_id);
+  std::memcpy(out + 16, nonce.data(), kHandleNonceBytes);
+  uint8_t* p = out + 16 + kHandleNonceBytes;
+  for (const HandleAddr& a : addrs) {
+    std::memcpy(p, &a.ipv4, 4);
+    put16(p + 4, a.port);
+    p[6] = a.verbs ? 1 : 0;
+    p += 8;
+  }
+}
+
+std::string ListenHandle::decode(const uint8_t* in, ListenHandle* out) {
+  if (get32(in) != kHandleMagic) return "not a handle of the r2ccl net plugin (another plugin's listen?)";
+  if (in[4] != kHandleVersion)
+    return "a handle of r2ccl net plugin version " + std::to_string(in[4]) + ", this is version " +
+           std::to_string(kHandleVersion) + " (every process must load the same plugin)";
+  const size_t n = in[5];
+  if (n < 1 || n > kHandleMaxNics) return "a handle naming " + std::to_string(n) + " NICs";
+  out->listen_id = get64(in + 8);
+  std::memcpy(out->nonce.data(), in + 16, kHandleNonceBytes);
+  out->addrs.clear();
+  const uint8_t* p = in + 16 + kHandleNonceBytes;
+  for (size_t i = 0; i < n; i++, p += 8) {
+    HandleAddr a;
+    std::memcpy(&a.ipv4, p, 4);
+    a.port = get16(p + 4);
+    if (p[6] > 1 || a.port == 0) return "a handle with a malformed address";
+    a.verbs = p[6] == 1;
+    out->addrs.push_back(a);
+  }
+  return {};
+}
+
+std::vector<std::string> ListenHandle::address_strings() const {
+  std::vector<std::string> out;
+  for (const HandleAddr& a : addrs) {
+    char ip[INET_ADDRSTRLEN];
+    in_addr ia{};
+    ia.s_addr = a.ipv4;
+    inet_ntop(AF_INET, &ia, ip, sizeof ip);
+    out.push_back(std::string(a.verbs ? kVerbsAddrPrefix : "") + ip + ":" + std::to_string(a.port));
+  }
+  return out;
+}
+
+}  // namespace r2ccl::nccl

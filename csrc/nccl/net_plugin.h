@@ -1,0 +1,90 @@
+// The NCCL net plugin's engine room, one per process: the endpoint whose rails carry every
+// NCCL connection, the devices NCCL sees, and the comms and requests it hands out. The tables
+// NCCL loads (nccl/tables.cc) are thin adapters over it, one per plugin version. Host memory
+// only (NCCL_PTR_HOST): NCCL's kernels read and write pinned host buffers it registered once,
+// and its proxy thread calls isend/irecv/test on them; GPUDirect is a later issue.
+//
+// Threads: NCCL calls init/devices/getProperties from the thread creating a communicator,
+// listen/connect/accept/regMr/close from its proxy service thread, isend/irecv/test from its
+// progress thread, for many communicators at once. Every method is safe from any of them.
+//
+// Errors: a rail's failure never reaches NCCL (NCCL ends the communicator on any error);
+// only a connection whose every rail stayed down past R2CCL_TIMEOUT, or whose peer is gone,
+// fails its requests, and the text through NCCL's logger names the cause and the rails.
+#pragma once
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "base/config.h"
+#include "core/endpoint.h"
+#include "nccl/handle.h"
+#include "nccl/net_abi.h"
+#include "nccl/plugin_identity.h"
+
+namespace r2ccl::nccl {
+
+// The name NCCL matches NCCL_NET against (case-insensitive) and logs.
+inline constexpr char kPluginName[] = "r2ccl";
+
+// What getProperties reports of a device, whatever the table's version.
+struct DeviceInfo {
+  std::string name;        // "r2ccl"
+  std::string pci_path;    // sysfs path of the first NIC's PCI device ("" if none: loopback, veth)
+  uint64_t guid = 0;
+  int speed_mbps = 0;      // every NIC's link speed added up (the device stripes over all of them)
+  int max_comms = 0;
+};
+
+class NetPlugin {
+ public:
+  // The process's plugin (never destroyed: NCCL may call in from any thread until exit).
+  static NetPlugin& instance();
+
+  // A communicator starts using the plugin (v11, v12: every init; v10: once). The first brings
+  // the endpoint up from the R2CCL_* environment (R2CCL_NICS, R2CCL_SECRET, ...).
+  abi::Result init(abi::Logger log);
+  // A communicator is done with it; the last one closes the endpoint (a later init opens a new one).
+  abi::Result finalize();
+  abi::Result devices(int* n);
+  abi::Result device(int dev, DeviceInfo* out);
+
+  abi::Result listen(int dev, void* handle, void** listen_comm);
+  abi::Result connect(int dev, void* handle, void** send_comm);
+  abi::Result accept(void* listen_comm, void** recv_comm);
+  abi::Result reg_mr(void* comm, void* data, size_t size, int type, void** mhandle);
+  abi::Result dereg_mr(void* comm, void* mhandle);
+  abi::Result isend(void* send_comm, void* data, size_t size, void** request);
+  abi::Result irecv(void* recv_comm, int n, void** data, size_t* sizes, void** request);
+  abi::Result test(void* request, int* done, int* sizes);
+  abi::Result close_send(void* send_comm);
+  abi::Result close_recv(void* recv_comm);
+  abi::Result close_listen(void* listen_comm);
+
+  // Logs through NCCL's logger when NCCL gave one (else the core's, on stderr).
+  void log(abi::LogLevel level, const std::string& line);
+
+  // The endpoint (null before init): the test hooks inject rail faults through it.
+  std::shared_ptr<Endpoint> endpoint();
+
+ private:
+  NetPlugin() = default;
+  struct Comm;
+  struct Request;
+  abi::Result fail(abi::Result r, const std::string& why);
+  abi::Result post(Comm* c, bool recv, void* data, size_t size, void** request);
+
+  std::mutex mu_;
+  abi::Logger logger_ = nullptr;
+  int users_ = 0;
+  std::shared_ptr<Endpoint> ep_;
+  PluginIdentity* identity_ = nullptr;   // owned by ep_'s engine
+  double accept_timeout_s_ = 0;          // R2CCL_BOOTSTRAP_TIMEOUT: a listen nobody connects to fails then
+  int speed_mbps_ = 0;
+  std::string pci_path_;
+};
+
+}  // namespace r2ccl::nccl
