@@ -152,6 +152,8 @@ CPP_MAY_INCLUDE = {
     "comm": {"base", "core", "coll", "monitor", "comm"},
     "ffi": {"base", "coll", "stage", "cuda", "ffi", "xla"},
     "python": {"base", "net", "core", "coll", "stage", "cuda", "monitor", "comm", "ffi"},
+    # NCCL's host program: the net plugin over the endpoint (no collectives: NCCL has its own).
+    "nccl": {"base", "net", "core", "monitor", "nccl"},
 }
 # The per-peer state machine and its window have no socket or transport in them.
 CPP_NO_NET = ("core/channel.h", "core/channel.cc", "core/rail_pace.h", "core/rail_pace.cc")

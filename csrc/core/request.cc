@@ -7,7 +7,7 @@
 
 namespace r2ccl {
 
-thread_local std::vector<std::function<void()>>* t_deferred_callbacks = nullptr;
+__thread std::vector<std::function<void()>>* t_deferred_callbacks = nullptr;
 
 namespace {
 void run_on_finish(std::function<void()>& f) {

@@ -14,7 +14,9 @@ namespace r2ccl {
 
 // Where a thread running the engine's work on the caller's path puts the on_finish callbacks
 // of the requests it finishes (null on every other thread: callbacks run at once).
-extern thread_local std::vector<std::function<void()>>* t_deferred_callbacks;
+// (__thread, not thread_local: a pointer needs no dynamic initialisation, so no TLS wrapper
+// symbol is referenced, which the NCCL plugin would otherwise import from whoever defines one.)
+extern __thread std::vector<std::function<void()>>* t_deferred_callbacks;
 
 struct Request {
   enum Kind { kSend, kRecv };

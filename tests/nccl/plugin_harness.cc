@@ -1,0 +1,644 @@
+// The NCCL net plugin's conformance harness: no NCCL and no GPU. It dlopens the built plugin,
+// looks up a table (ncclNetPlugin_v12, _v11 or _v10) and drives it the way NCCL 2.30's proxy
+// does (NVIDIA/nccl v2.30.7-1):
+//   - init per communicator, devices() then getProperties() into an uninitialised struct
+//     (src/plugin/net.cc ncclNetPluginInit, src/graph/topo.cc);
+//   - listen() on the receiving side, the handle carried out of band (here: a file in --dir),
+//     connect() and accept() called again and again until they return a comm, then
+//     closeListen() at once (src/transport/net.cc sendProxyConnect / recvProxyConnect);
+//   - regMr() of the connection's buffers, NCCL_PTR_HOST (sendProxyConnect, recvProxyConnect);
+//   - the SIMPLE protocol's steps: NCCL_STEPS (8) slots per connection, isend/irecv posted while
+//     fewer than 8 are in flight, a NULL request taken as "post again later", test() polled
+//     until done, sizes[] from test() (sendProxyProgress / recvProxyProgress);
+//   - deregMr() and closeSend()/closeRecv() at the end, finalize() per init.
+// Each process is one rank of a ring: it receives from rank-1 and sends to rank+1. Cases
+// (--case): properties, p2p (random sizes, receives larger than sends, zero bytes, back-pressure,
+// 32 requests outstanding), ring (an all-reduce and an all-gather through the slots, bit for
+// bit), threads (connect/accept on a service thread while a progress thread moves data on
+// other connections), close (close with requests in flight), reload (finalize, dlclose, dlopen,
+// again). Prints "harness: <case> rank R: ok ..." or "FAIL: ..." and exits 1.
+#include <dlfcn.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cinttypes>
+#include <cstdarg>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "nccl/net_abi.h"
+
+using namespace r2ccl::nccl::abi;
+
+namespace {
+
+int g_rank = 0, g_world = 2, g_table = 12;
+std::string g_dir, g_plugin;
+double g_timeout_s = 60;
+
+[[noreturn]] void die(const std::string& what) {
+  std::fprintf(stderr, "FAIL: rank %d: %s\n", g_rank, what.c_str());
+  std::fflush(stderr);
+  std::_Exit(1);
+}
+
+void check(bool ok, const std::string& what) {
+  if (!ok) die(what);
+}
+
+void logger(LogLevel level, unsigned long, const char*, int, const char* fmt, ...) {
+  if (level > kLogWarn && !std::getenv("HARNESS_VERBOSE")) return;
+  char buf[2048];
+  va_list ap;
+  va_start(ap, fmt);
+  std::vsnprintf(buf, sizeof buf, fmt, ap);
+  va_end(ap);
+  std::fprintf(stderr, "[rank %d nccl-log %d] %s\n", g_rank, static_cast<int>(level), buf);
+}
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// One table, whatever its version: the calls the harness makes, with v10's init/listen/connect
+// and v11/v12's ctx forms behind one face (as NCCL's own wrappers do, src/plugin/net/net_v1x.cc).
+struct Net {
+  void* lib = nullptr;
+  const NetV10* v10 = nullptr;
+  const NetV11* v11 = nullptr;
+  const NetV12* v12 = nullptr;
+  std::vector<void*> ctxs;
+
+  const DataPath& d() const { return v12 ? v12->data : v11 ? v11->data : v10->data; }
+  const char* name() const { return v12 ? v12->name : v11 ? v11->name : v10->name; }
+
+  void open() {
+    lib = dlopen(g_plugin.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (!lib) die(std::string("dlopen: ") + dlerror());
+    const std::string sym = "ncclNetPlugin_v" + std::to_string(g_table);
+    void* t = dlsym(lib, sym.c_str());
+    check(t != nullptr, "no symbol " + sym);
+    v10 = nullptr, v11 = nullptr, v12 = nullptr;
+    if (g_table == 12) v12 = static_cast<const NetV12*>(t);
+    else if (g_table == 11) v11 = static_cast<const NetV11*>(t);
+    else v10 = static_cast<const NetV10*>(t);
+  }
+  void close() {
+    check(dlclose(lib) == 0, "dlclose");
+    lib = nullptr;
+  }
+  void init() {
+    void* ctx = nullptr;
+    CommConfig cfg{-1};
+    Result r = v12 ? v12->init(&ctx, 0x1234 + ctxs.size(), &cfg, logger, nullptr)
+               : v11 ? v11->init(&ctx, 0x1234 + ctxs.size(), &cfg, logger, nullptr)
+                     : v10->init(logger, nullptr);
+    check(r == kSuccess, "init returned " + std::to_string(r));
+    ctxs.push_back(ctx);
+  }
+  void finalize() {
+    check(!ctxs.empty(), "finalize without init");
+    void* ctx = ctxs.back();
+    ctxs.pop_back();
+    if (v12) check(v12->finalize(ctx) == kSuccess, "finalize");
+    if (v11) check(v11->finalize(ctx) == kSuccess, "finalize");
+  }
+  int devices() {
+    int n = -1;
+    Result r = v12 ? v12->devices(&n) : v11 ? v11->devices(&n) : v10->devices(&n);
+    check(r == kSuccess, "devices");
+    return n;
+  }
+  void listen(void* handle, void** lc) {
+    void* ctx = ctxs.empty() ? nullptr : ctxs.back();
+    Result r = v12 ? v12->listen(ctx, 0, handle, lc) : v11 ? v11->listen(ctx, 0, handle, lc) : v10->listen(0, handle, lc);
+    check(r == kSuccess && *lc, "listen");
+  }
+  Result connect_once(void* handle, void** sc) {
+    void* ctx = ctxs.empty() ? nullptr : ctxs.back();
+    DeviceHandle* dh = nullptr;
+    CommConfig cfg{-1};
+    return v12 ? v12->connect(ctx, 0, handle, sc, &dh)
+               : v11 ? v11->connect(ctx, 0, handle, sc, &dh) : v10->connect(0, &cfg, handle, sc, &dh);
+  }
+};
+
+Net net;
+
+// ------------------------------------------------------------------ out-of-band handles
+
+std::string hex(const uint8_t* p, size_t n) {
+  std::string s;
+  char b[3];
+  for (size_t i = 0; i < n; i++) {
+    std::snprintf(b, sizeof b, "%02x", p[i]);
+    s += b;
+  }
+  return s;
+}
+
+void publish(const std::string& name, const std::string& value) {
+  const std::string path = g_dir + "/" + name, tmp = path + ".tmp" + std::to_string(getpid());
+  {
+    std::ofstream f(tmp);
+    f << value;
+  }
+  check(std::rename(tmp.c_str(), path.c_str()) == 0, "publish " + name);
+}
+
+std::string fetch(const std::string& name) {
+  const double until = now_s() + g_timeout_s;
+  for (;;) {
+    std::ifstream f(g_dir + "/" + name);
+    std::string v;
+    if (f >> v) return v;
+    check(now_s() < until, "no " + name + " within the timeout");
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
+
+void barrier(const std::string& what) {
+  publish("barrier." + what + "." + std::to_string(g_rank), "1");
+  for (int r = 0; r < g_world; r++) fetch("barrier." + what + "." + std::to_string(r));
+}
+
+// ------------------------------------------------------------------ connections
+
+struct Conn {
+  void* send = nullptr;   // to rank+1
+  void* recv = nullptr;   // from rank-1
+};
+
+// The ring's two connections, named `tag` (several may exist at once): listen, publish, connect
+// and accept polled until both are ready, closeListen after accept, as NCCL's proxy does.
+Conn connect_ring(const std::string& tag) {
+  uint8_t handle[kHandleMaxBytes];
+  std::memset(handle, 0xcc, sizeof handle);
+  void* lc = nullptr;
+  net.listen(handle, &lc);
+  publish("handle." + tag + "." + std::to_string(g_rank), hex(handle, sizeof handle));
+  const std::string peer_hex = fetch("handle." + tag + "." + std::to_string((g_rank + 1) % g_world));
+  uint8_t peer[kHandleMaxBytes];
+  for (size_t i = 0; i < sizeof peer; i++) peer[i] = static_cast<uint8_t>(std::stoi(peer_hex.substr(2 * i, 2), nullptr, 16));
+  Conn c;
+  const double until = now_s() + g_timeout_s;
+  int calls = 0;
+  while (!c.send || !c.recv) {
+    if (!c.send) check(net.connect_once(peer, &c.send) == kSuccess, "connect failed");
+    if (!c.recv) {
+      DeviceHandle* dh = nullptr;
+      check(net.d().accept(lc, &c.recv, &dh) == kSuccess, "accept failed");
+    }
+    calls++;
+    check(now_s() < until, "connect/accept not done within the timeout");
+    if (!c.send || !c.recv) std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  check(net.d().close_listen(lc) == kSuccess, "closeListen");
+  return c;
+}
+
+void close_conn(Conn& c) {
+  check(net.d().close_send(c.send) == kSuccess, "closeSend");
+  check(net.d().close_recv(c.recv) == kSuccess, "closeRecv");
+}
+
+// Polls test() until done; returns the size it reports.
+int wait_req(void* req, const char* what) {
+  const double until = now_s() + g_timeout_s;
+  int done = 0;
+  int sizes[kTestSizes] = {};
+  while (!done) {
+    Result r = net.d().test(req, &done, sizes);
+    check(r == kSuccess, std::string(what) + ": test returned " + std::to_string(r));
+    check(done || now_s() < until, std::string(what) + ": not done within the timeout");
+  }
+  return sizes[0];
+}
+
+uint8_t pattern(int rank, uint64_t msg, size_t i) {
+  return static_cast<uint8_t>((rank * 131 + msg * 31 + i * 7 + (i >> 8)) & 0xff);
+}
+
+// ------------------------------------------------------------------ cases
+
+void case_properties() {
+  for (int round = 0; round < 2; round++) {   // init twice, finalize twice: the same answers
+    net.init();
+    net.init();
+    const int n = net.devices();
+    check(n == 1, "devices() = " + std::to_string(n));
+    for (int dev = 0; dev < n; dev++) {
+      PropertiesHead h;
+      std::memset(&h, 0xa5, sizeof h);   // NCCL's struct is uninitialised: every field must be set
+      size_t max_p2p = 0;
+      Result r;
+      if (net.v12) {
+        PropertiesV12 p;
+        std::memset(&p, 0xa5, sizeof p);
+        r = net.v12->get_properties(dev, &p);
+        h = p.head;
+        max_p2p = p.max_p2p_bytes;
+        check(p.rail_id == kIdUndef && p.plane_id == kIdUndef && p.max_multi_request_size == 1, "v12 fields");
+        check(p.vprops.ndevs == 1 && p.vprops.devs[0] == dev, "vProps");
+      } else if (net.v11) {
+        PropertiesV11 p;
+        std::memset(&p, 0xa5, sizeof p);
+        r = net.v11->get_properties(dev, &p);
+        h = p.head;
+        max_p2p = p.max_p2p_bytes;
+        check(p.max_multi_request_size == 1, "v11 fields");
+      } else {
+        PropertiesV10 p;
+        std::memset(&p, 0xa5, sizeof p);
+        r = net.v10->get_properties(dev, &p);
+        h = p.head;
+        max_p2p = p.max_p2p_bytes;
+      }
+      check(r == kSuccess, "getProperties");
+      check(h.name && std::string(h.name) == "r2ccl", "name");
+      check(h.ptr_support == kPtrHost && h.max_recvs == 1 && h.device_type == kDeviceHost && h.reg_is_global == 0 &&
+                h.force_flush == 0 && h.speed_mbps > 0 && h.max_comms > 0 && h.latency_us == 0.0f,
+            "the device's properties");
+      check(max_p2p > 0 && max_p2p <= kMaxNetSizeBytes, "maxP2pBytes in NCCL's bounds");
+      check(h.pci_path == nullptr || std::strncmp(h.pci_path, "/sys/", 5) == 0, "pciPath is a sysfs path or NULL");
+    }
+    check(std::string(net.name()) == "r2ccl", "the table's name");
+    net.finalize();
+    net.finalize();
+  }
+  std::printf("harness: properties rank %d: ok (table v%d)\n", g_rank, g_table);
+}
+
+// NCCL's SIMPLE protocol on one connection pair: `steps` messages each way through 8 slots.
+// sizes[i] is message i's size (the receiver posts its slot's full size: receives larger than
+// sends); returns the bytes checked.
+uint64_t run_steps(Conn& c, const std::vector<size_t>& sizes, size_t slot_bytes, int slots, int tag_base) {
+  std::vector<std::vector<uint8_t>> sbuf(slots, std::vector<uint8_t>(slot_bytes)), rbuf(slots, std::vector<uint8_t>(slot_bytes));
+  std::vector<void*> smh(slots), rmh(slots);
+  for (int s = 0; s < slots; s++) {
+    check(net.d().reg_mr(c.send, sbuf[s].data(), slot_bytes, kPtrHost, &smh[s]) == kSuccess, "regMr send");
+    check(net.d().reg_mr(c.recv, rbuf[s].data(), slot_bytes, kPtrHost, &rmh[s]) == kSuccess, "regMr recv");
+  }
+  const size_t n = sizes.size();
+  std::vector<void*> sreq(slots, nullptr), rreq(slots, nullptr);
+  size_t sent = 0, sdone = 0, rposted = 0, rdone = 0;
+  uint64_t checked = 0;
+  const int prev = (g_rank + g_world - 1) % g_world;
+  const double until = now_s() + g_timeout_s;
+  int backpressure = 0;
+  while (sdone < n || rdone < n) {
+    check(now_s() < until, "steps not done within the timeout (sent " + std::to_string(sdone) + ", received " +
+                               std::to_string(rdone) + " of " + std::to_string(n) + ")");
+    // Post: a slot is free when its previous request is done.
+    if (sent < n && sent - sdone < static_cast<size_t>(slots)) {
+      const int s = static_cast<int>(sent % slots);
+      for (size_t i = 0; i < sizes[sent]; i++) sbuf[s][i] = pattern(g_rank, sent + tag_base, i);
+      void* req = nullptr;
+      check(net.d().isend(c.send, sizes[sent] ? sbuf[s].data() : nullptr, sizes[sent], g_rank, smh[s], nullptr, &req) == kSuccess,
+            "isend");
+      if (req) {
+        sreq[s] = req;
+        sent++;
+      } else {
+        backpressure++;
+      }
+    }
+    if (rposted < n && rposted - rdone < static_cast<size_t>(slots)) {
+      const int s = static_cast<int>(rposted % slots);
+      std::memset(rbuf[s].data(), 0xee, slot_bytes);
+      void* data = rbuf[s].data();
+      size_t size = slot_bytes;
+      int tag = prev;
+      void* req = reinterpret_cast<void*>(kOptionalRecvCompletion);   // NCCL's LL hint: must be overwritten
+      check(net.d().irecv(c.recv, 1, &data, &size, &tag, &rmh[s], nullptr, &req) == kSuccess, "irecv");
+      check(req != reinterpret_cast<void*>(kOptionalRecvCompletion), "irecv left NCCL's hint in *request");
+      if (req) {
+        rreq[s] = req;
+        rposted++;
+      }
+    }
+    // Progress: test the oldest of each side.
+    if (sdone < sent) {
+      const int s = static_cast<int>(sdone % slots);
+      int done = 0, size = -1;
+      check(net.d().test(sreq[s], &done, &size) == kSuccess, "test(send)");
+      if (done) {
+        check(size == static_cast<int>(sizes[sdone]), "test(send) reported " + std::to_string(size) + " bytes of " +
+                                                         std::to_string(sizes[sdone]));
+        sdone++;
+      }
+    }
+    if (rdone < rposted) {
+      const int s = static_cast<int>(rdone % slots);
+      int done = 0;
+      int got[kTestSizes] = {};
+      check(net.d().test(rreq[s], &done, got) == kSuccess, "test(recv)");
+      if (done) {
+        // The sender on the other side used the same sizes (same seed).
+        const size_t want = sizes[rdone];
+        check(got[0] == static_cast<int>(want), "received " + std::to_string(got[0]) + " bytes, sent " + std::to_string(want));
+        for (size_t i = 0; i < want; i++)
+          if (rbuf[s][i] != pattern(prev, rdone + tag_base, i))
+            die("message " + std::to_string(rdone) + " byte " + std::to_string(i) + " differs");
+        for (size_t i = want; i < slot_bytes; i++)
+          if (rbuf[s][i] != 0xee) die("message " + std::to_string(rdone) + ": written past its size at " + std::to_string(i));
+        checked += want;
+        rdone++;
+      }
+    }
+  }
+  for (int s = 0; s < slots; s++) {
+    check(net.d().dereg_mr(c.send, smh[s]) == kSuccess, "deregMr");
+    check(net.d().dereg_mr(c.recv, rmh[s]) == kSuccess, "deregMr");
+  }
+  (void)backpressure;
+  return checked;
+}
+
+std::vector<size_t> random_sizes(uint64_t seed, size_t n, size_t max) {
+  std::mt19937_64 rng(seed);
+  std::vector<size_t> out(n);
+  for (size_t i = 0; i < n; i++) {
+    const uint64_t pick = rng() % 100;
+    out[i] = pick < 5 ? 0 : pick < 40 ? rng() % 4096 : pick < 80 ? rng() % (max / 4) : rng() % (max + 1);
+  }
+  return out;
+}
+
+void case_p2p(uint64_t seed) {
+  net.init();
+  Conn c = connect_ring("p2p");
+  const size_t slot = 1 << 20;
+  uint64_t bytes = run_steps(c, random_sizes(seed, 400, slot), slot, 8, 0);
+  // 32 requests outstanding per comm, then a NULL request (back-pressure), then all complete.
+  std::vector<std::vector<uint8_t>> bufs(40, std::vector<uint8_t>(4096));
+  std::vector<void*> mh(40);
+  for (int i = 0; i < 40; i++) {
+    check(net.d().reg_mr(c.send, bufs[i].data(), 4096, kPtrHost, &mh[i]) == kSuccess, "regMr");
+    for (size_t k = 0; k < 4096; k++) bufs[i][k] = pattern(g_rank, 100000 + i, k);
+  }
+  std::vector<void*> reqs;
+  void* req = nullptr;
+  int posted = 0;
+  for (; posted < 40; posted++) {
+    check(net.d().isend(c.send, bufs[posted].data(), 4096, g_rank, mh[posted], nullptr, &req) == kSuccess, "isend");
+    if (!req) break;
+    reqs.push_back(req);
+  }
+  check(posted == kMaxRequests, "isend accepted " + std::to_string(posted) + " outstanding requests, NCCL allows " +
+                                    std::to_string(kMaxRequests) + " and takes a NULL request as back-pressure");
+  std::vector<std::vector<uint8_t>> rb(posted, std::vector<uint8_t>(8192, 0xee));
+  std::vector<void*> rreqs;
+  for (int i = 0; i < posted; i++) {
+    void* data = rb[i].data();
+    size_t size = 8192;
+    int tag = 0;
+    void* rr = nullptr;
+    check(net.d().irecv(c.recv, 1, &data, &size, &tag, &mh[0], nullptr, &rr) == kSuccess && rr, "irecv");
+    rreqs.push_back(rr);
+  }
+  for (void* r : reqs) check(wait_req(r, "send") == 4096, "send size");
+  const int prev = (g_rank + g_world - 1) % g_world;
+  for (int i = 0; i < posted; i++) {
+    check(wait_req(rreqs[i], "recv") == 4096, "recv size");
+    for (size_t k = 0; k < 4096; k++)
+      if (rb[i][k] != pattern(prev, 100000 + i, k)) die("outstanding message " + std::to_string(i) + " differs");
+    bytes += 4096;
+  }
+  for (int i = 0; i < 40; i++) net.d().dereg_mr(c.send, mh[i]);
+  barrier("p2p-done");
+  close_conn(c);
+  net.finalize();
+  std::printf("harness: p2p rank %d: ok (%" PRIu64 " bytes checked, table v%d)\n", g_rank, bytes, g_table);
+}
+
+// A ring all-reduce (reduce-scatter, then all-gather) and an all-gather of `count` uint32 per
+// rank, moved the way NCCL's SIMPLE protocol moves them: every step through one of 8
+// registered slots of `slot_bytes`. uint32 sums wrap, so the result is exact in any order.
+void case_ring(uint64_t seed) {
+  net.init();
+  Conn c = connect_ring("ring");
+  const size_t count = 1 << 20;   // 4 MiB per rank
+  const int P = g_world;
+  auto value = [&](int rank, size_t i) { return static_cast<uint32_t>(seed * 2654435761u + rank * 40503u + i * 2246822519u); };
+  std::vector<uint32_t> data(count);
+  for (size_t i = 0; i < count; i++) data[i] = value(g_rank, i);
+  const size_t chunk = (count + P - 1) / P;
+  auto lo = [&](int k) { return std::min(count, static_cast<size_t>(k) * chunk); };
+  auto hi = [&](int k) { return std::min(count, static_cast<size_t>(k + 1) * chunk); };
+  const size_t slot_bytes = 256 << 10, slot_elems = slot_bytes / 4;
+  const int slots = 8;
+  std::vector<std::vector<uint32_t>> sbuf(slots, std::vector<uint32_t>(slot_elems)), rbuf(slots, std::vector<uint32_t>(slot_elems));
+  std::vector<void*> smh(slots), rmh(slots);
+  for (int s = 0; s < slots; s++) {
+    check(net.d().reg_mr(c.send, sbuf[s].data(), slot_bytes, kPtrHost, &smh[s]) == kSuccess, "regMr");
+    check(net.d().reg_mr(c.recv, rbuf[s].data(), slot_bytes, kPtrHost, &rmh[s]) == kSuccess, "regMr");
+  }
+  // One ring step: send [src) of this rank's vector, receive into the peer's chunk and apply.
+  uint64_t step_no = 0;
+  auto step = [&](size_t send_lo, size_t send_hi, size_t recv_lo, size_t recv_hi, bool reduce, std::vector<uint32_t>& vec) {
+    const size_t sn = send_hi - send_lo, rn = recv_hi - recv_lo;
+    const size_t spieces = (sn + slot_elems - 1) / slot_elems, rpieces = (rn + slot_elems - 1) / slot_elems;
+    size_t sp = 0, sd = 0, rp = 0, rd = 0;
+    std::vector<void*> sreq(slots), rreq(slots);
+    const double until = now_s() + g_timeout_s;
+    while (sd < spieces || rd < rpieces) {
+      check(now_s() < until, "ring step " + std::to_string(step_no) + " not done within the timeout");
+      if (sp < spieces && sp - sd < static_cast<size_t>(slots)) {
+        const int s = static_cast<int>((step_no * 64 + sp) % slots);
+        const size_t a = send_lo + sp * slot_elems, b = std::min(send_hi, a + slot_elems);
+        std::memcpy(sbuf[s].data(), vec.data() + a, (b - a) * 4);
+        void* req = nullptr;
+        check(net.d().isend(c.send, sbuf[s].data(), (b - a) * 4, g_rank, smh[s], nullptr, &req) == kSuccess, "isend");
+        if (req) sreq[s] = req, sp++;
+      }
+      if (rp < rpieces && rp - rd < static_cast<size_t>(slots)) {
+        const int s = static_cast<int>((step_no * 64 + rp) % slots);
+        void* d = rbuf[s].data();
+        size_t size = slot_bytes;
+        int tag = 0;
+        void* req = nullptr;
+        check(net.d().irecv(c.recv, 1, &d, &size, &tag, &rmh[s], nullptr, &req) == kSuccess, "irecv");
+        if (req) rreq[s] = req, rp++;
+      }
+      if (sd < sp) {
+        int done = 0, size = 0;
+        const int s = static_cast<int>((step_no * 64 + sd) % slots);
+        check(net.d().test(sreq[s], &done, &size) == kSuccess, "test");
+        if (done) sd++;
+      }
+      if (rd < rp) {
+        int done = 0;
+        int got[kTestSizes] = {};
+        const int s = static_cast<int>((step_no * 64 + rd) % slots);
+        check(net.d().test(rreq[s], &done, got) == kSuccess, "test");
+        if (done) {
+          const size_t a = recv_lo + rd * slot_elems, b = std::min(recv_hi, a + slot_elems);
+          check(got[0] == static_cast<int>((b - a) * 4), "a ring piece of the wrong size");
+          for (size_t i = a; i < b; i++) vec[i] = reduce ? vec[i] + rbuf[s][i - a] : rbuf[s][i - a];
+          rd++;
+        }
+      }
+    }
+    step_no++;
+  };
+  // All-reduce: P-1 reduce-scatter steps, P-1 all-gather steps.
+  std::vector<uint32_t> ar = data;
+  for (int k = 0; k < P - 1; k++) {
+    const int sc = (g_rank - k + P) % P, rc = (g_rank - k - 1 + P) % P;
+    step(lo(sc), hi(sc), lo(rc), hi(rc), true, ar);
+  }
+  for (int k = 0; k < P - 1; k++) {
+    const int sc = (g_rank + 1 - k + P) % P, rc = (g_rank - k + P) % P;
+    step(lo(sc), hi(sc), lo(rc), hi(rc), false, ar);
+  }
+  for (size_t i = 0; i < count; i++) {
+    uint32_t want = 0;
+    for (int r = 0; r < P; r++) want += value(r, i);
+    if (ar[i] != want) die("all-reduce element " + std::to_string(i) + " differs");
+  }
+  // All-gather: each rank's first `chunk` elements end up everywhere, in rank order.
+  std::vector<uint32_t> ag(chunk * P);
+  for (size_t i = 0; i < chunk; i++) ag[g_rank * chunk + i] = data[i];
+  for (int k = 0; k < P - 1; k++) {
+    const int sc = (g_rank - k + P) % P, rc = (g_rank - k - 1 + P) % P;
+    step(sc * chunk, (sc + 1) * chunk, rc * chunk, (rc + 1) * chunk, false, ag);
+  }
+  for (int r = 0; r < P; r++)
+    for (size_t i = 0; i < chunk; i++)
+      if (ag[r * chunk + i] != value(r, i)) die("all-gather element " + std::to_string(r) + ":" + std::to_string(i) + " differs");
+  for (int s = 0; s < slots; s++) {
+    net.d().dereg_mr(c.send, smh[s]);
+    net.d().dereg_mr(c.recv, rmh[s]);
+  }
+  barrier("ring-done");
+  close_conn(c);
+  net.finalize();
+  std::printf("harness: ring rank %d: ok (all-reduce and all-gather of %zu uint32 per rank over %d ranks, bit-exact)\n",
+              g_rank, count, P);
+}
+
+// connect/accept of new connections on a service thread while a progress thread moves data on
+// an established one (NCCL's proxy service and progress threads), for several comms at once.
+void case_threads(uint64_t seed) {
+  net.init();
+  net.init();   // two communicators
+  Conn first = connect_ring("t0");
+  std::atomic<bool> ok{false};
+  uint64_t bytes = 0;
+  std::thread progress([&] {
+    bytes = run_steps(first, random_sizes(seed, 300, 256 << 10), 256 << 10, 8, 0);
+    ok = true;
+  });
+  std::vector<Conn> more;
+  for (int i = 0; i < 4; i++) more.push_back(connect_ring("t" + std::to_string(i + 1)));
+  progress.join();
+  check(ok, "the progress thread");
+  for (size_t i = 0; i < more.size(); i++) bytes += run_steps(more[i], random_sizes(seed + i, 50, 64 << 10), 64 << 10, 8, 1000);
+  barrier("threads-done");
+  close_conn(first);
+  for (auto& c : more) close_conn(c);
+  net.finalize();
+  net.finalize();
+  std::printf("harness: threads rank %d: ok (%" PRIu64 " bytes checked over 5 connections)\n", g_rank, bytes);
+}
+
+// Close with requests in flight: receives posted that no send will match, and sends the peer
+// never receives, then closeSend/closeRecv; the plugin must neither crash nor hang, and a new
+// connection afterwards works.
+void case_close(uint64_t seed) {
+  net.init();
+  Conn c = connect_ring("close");
+  std::vector<uint8_t> buf(1 << 16);
+  void* mh = nullptr;
+  check(net.d().reg_mr(c.recv, buf.data(), buf.size(), kPtrHost, &mh) == kSuccess, "regMr");
+  for (int i = 0; i < 4; i++) {
+    void* d = buf.data();
+    size_t size = buf.size();
+    int tag = 0;
+    void* req = nullptr;
+    check(net.d().irecv(c.recv, 1, &d, &size, &tag, &mh, nullptr, &req) == kSuccess && req, "irecv");
+  }
+  std::vector<uint8_t> big(8 << 20, 0x5a);
+  void* smh = nullptr;
+  check(net.d().reg_mr(c.send, big.data(), big.size(), kPtrHost, &smh) == kSuccess, "regMr");
+  void* sreq = nullptr;
+  check(net.d().isend(c.send, big.data(), big.size(), g_rank, smh, nullptr, &sreq) == kSuccess && sreq, "isend");
+  barrier("close-posted");
+  net.d().dereg_mr(c.recv, mh);
+  net.d().dereg_mr(c.send, smh);
+  const double t0 = now_s();
+  close_conn(c);
+  const double took = now_s() - t0;
+  barrier("close-closed");
+  Conn again = connect_ring("close-again");
+  const uint64_t bytes = run_steps(again, random_sizes(seed, 40, 64 << 10), 64 << 10, 8, 0);
+  barrier("close-again-done");
+  close_conn(again);
+  net.finalize();
+  std::printf("harness: close rank %d: ok (closed with 5 requests in flight in %.3f s; then %" PRIu64 " bytes exact)\n",
+              g_rank, took, bytes);
+}
+
+// finalize, dlclose and dlopen again: the plugin comes back (NCCL unloads it after the last
+// communicator and loads it again for the next).
+void case_reload(uint64_t seed) {
+  uint64_t bytes = 0;
+  for (int round = 0; round < 3; round++) {
+    if (round > 0) net.open();
+    net.init();
+    Conn c = connect_ring("reload" + std::to_string(round));
+    bytes += run_steps(c, random_sizes(seed + round, 60, 128 << 10), 128 << 10, 8, 0);
+    barrier("reload-done" + std::to_string(round));
+    close_conn(c);
+    net.finalize();
+    net.close();
+  }
+  net.open();   // (main's final close)
+  std::printf("harness: reload rank %d: ok (3 rounds of init, traffic, finalize, dlclose; %" PRIu64 " bytes exact)\n",
+              g_rank, bytes);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string which;
+  uint64_t seed = 1;
+  for (int i = 1; i < argc; i++) {
+    std::string a = argv[i];
+    auto next = [&]() -> std::string {
+      check(i + 1 < argc, a + " needs a value");
+      return argv[++i];
+    };
+    if (a == "--plugin") g_plugin = next();
+    else if (a == "--rank") g_rank = std::stoi(next());
+    else if (a == "--world") g_world = std::stoi(next());
+    else if (a == "--dir") g_dir = next();
+    else if (a == "--case") which = next();
+    else if (a == "--table") g_table = std::stoi(next());
+    else if (a == "--seed") seed = std::stoull(next());
+    else if (a == "--timeout") g_timeout_s = std::stod(next());
+    else die("unknown argument " + a);
+  }
+  check(!g_plugin.empty() && !g_dir.empty() && g_world >= 2 && g_rank >= 0 && g_rank < g_world, "usage: --plugin SO --dir D --rank R --world W --case C");
+  check(g_table >= 10 && g_table <= 12, "--table 10, 11 or 12");
+  net.open();
+  if (which == "properties") case_properties();
+  else if (which == "p2p") case_p2p(seed);
+  else if (which == "ring") case_ring(seed);
+  else if (which == "threads") case_threads(seed);
+  else if (which == "close") case_close(seed);
+  else if (which == "reload") case_reload(seed);
+  else die("unknown case " + which);
+  net.close();
+  std::fflush(stdout);
+  return 0;
+}

@@ -1,0 +1,101 @@
+"""The NCCL net plugin (csrc/nccl/, libnccl-net-r2ccl.so) driven without NCCL or a GPU: the
+conformance harness (tests/nccl/plugin_harness.cc) dlopens the built plugin, looks up a table and
+calls it the way NCCL 2.30's proxy does (the sequences and their NCCL source lines are in the
+harness's header), in 2, 3 and 4 processes over loopback with two NICs each (127.0.0.1 and
+127.0.0.2: two rails per connection). Every byte is checked. Built in the plain C++ folder
+(tests/test_cpp.py's configure("plain")).
+
+What the plugin must export is checked here too: `nm -D` lists its three tables and nothing else
+of ours.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+
+import pytest
+
+from test_cpp import _cmake, _compiler, _ninja, _run, configure
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+NICS = "127.0.0.1,127.0.0.2"
+
+
+@pytest.fixture(scope="module")
+def plugin():
+    """Builds the plugin and the harness; yields (plugin .so, harness binary)."""
+    if _cmake() is None or _ninja() is None or _compiler() is None:
+        pytest.skip("cmake, ninja or a C++ compiler missing")
+    build_dir = configure("plain")
+    _run([*_cmake(), "--build", str(build_dir), "--target", "r2ccl_nccl_net", "nccl_plugin_harness"], ROOT,
+         "build of the NCCL plugin and its harness", timeout=900)
+    return str(build_dir / "libnccl-net-r2ccl.so"), str(build_dir / "nccl_plugin_harness")
+
+
+def run_harness(plugin, tmp_path, case, world, table=12, seed=1, env=None, timeout=120):
+    """Runs `world` harness processes of one case; returns their outputs (all must pass)."""
+    so, harness = plugin
+    procs = []
+    for rank in range(world):
+        e = dict(os.environ, R2CCL_NICS=NICS, **(env or {}))
+        procs.append(subprocess.Popen(
+            [harness, "--plugin", so, "--dir", str(tmp_path), "--rank", str(rank), "--world", str(world),
+             "--case", case, "--table", str(table), "--seed", str(seed), "--timeout", "60"],
+            env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    outs = []
+    try:
+        for p in procs:
+            out, _ = p.communicate(timeout=timeout)
+            outs.append((p.returncode, out))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    for rank, (rc, out) in enumerate(outs):
+        assert rc == 0 and f"harness: {case} rank {rank}: ok" in out, f"rank {rank} (exit {rc}):\n{out[-8000:]}"
+    return [out for _, out in outs]
+
+
+def test_the_plugin_exports_its_tables_and_nothing_else(plugin):
+    so, _ = plugin
+    nm = shutil.which("nm")
+    if nm is None:
+        pytest.skip("nm (binutils) not installed")
+    out = subprocess.run([nm, "-D", "--defined-only", so], capture_output=True, text=True, check=True).stdout
+    names = sorted(line.split()[-1] for line in out.splitlines() if line.strip())
+    assert names == ["ncclNetPlugin_v10", "ncclNetPlugin_v11", "ncclNetPlugin_v12"], names
+    # No undefined symbol outside the C and C++ runtimes (it loads into any process NCCL runs in).
+    undefined = subprocess.run([nm, "-D", "--undefined-only", so], capture_output=True, text=True, check=True).stdout
+    ours = [line for line in undefined.splitlines() if "r2ccl" in line]
+    assert not ours, ours
+
+
+@pytest.mark.parametrize("table", [10, 11, 12])
+def test_properties_of_every_table(plugin, tmp_path, table):
+    run_harness(plugin, tmp_path, "properties", 2, table=table)
+
+
+@pytest.mark.parametrize("world,table", [(2, 12), (4, 12), (2, 10)])
+def test_p2p_random_sizes_larger_receives_zero_bytes_and_32_outstanding_are_exact(plugin, tmp_path, world, table):
+    outs = run_harness(plugin, tmp_path, "p2p", world, table=table, seed=world * 7 + table)
+    assert all("bytes checked" in o for o in outs)
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_a_ring_all_reduce_and_all_gather_through_the_slots_are_bit_exact(plugin, tmp_path, world):
+    run_harness(plugin, tmp_path, "ring", world, table=11 if world == 3 else 12, seed=world)
+
+
+def test_connects_on_one_thread_while_another_moves_data(plugin, tmp_path):
+    run_harness(plugin, tmp_path, "threads", 2, seed=5)
+
+
+def test_close_with_requests_in_flight_then_a_new_connection_works(plugin, tmp_path):
+    run_harness(plugin, tmp_path, "close", 2, seed=9)
+
+
+def test_finalize_dlclose_and_dlopen_again(plugin, tmp_path):
+    run_harness(plugin, tmp_path, "reload", 2, seed=11)
