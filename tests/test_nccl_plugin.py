@@ -39,7 +39,7 @@ def run_harness(plugin, tmp_path, case, world, table=12, seed=1, env=None, timeo
     so, harness = plugin
     procs = []
     for rank in range(world):
-        e = dict(os.environ, R2CCL_NICS=NICS, **(env or {}))
+        e = dict(os.environ, R2CCL_NICS=NICS, R2CCL_TEST_FAULT_FILE=str(tmp_path / f"fault.{rank}"), **(env or {}))
         procs.append(subprocess.Popen(
             [harness, "--plugin", so, "--dir", str(tmp_path), "--rank", str(rank), "--world", str(world),
              "--case", case, "--table", str(table), "--seed", str(seed), "--timeout", "60"],
@@ -99,3 +99,21 @@ def test_close_with_requests_in_flight_then_a_new_connection_works(plugin, tmp_p
 
 def test_finalize_dlclose_and_dlopen_again(plugin, tmp_path):
     run_harness(plugin, tmp_path, "reload", 2, seed=11)
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_survivable_faults_under_traffic_never_reach_nccl_and_every_byte_is_exact(plugin, tmp_path, world):
+    """Rank 0 closes a rail of every connection, heals it, black-holes the other, heals it,
+    declares a NIC down and up (R2CCL_TEST_FAULT_FILE) while traffic streams: test() never
+    returns an error, every byte is checked, and the plugin applied every fault."""
+    outs = run_harness(plugin, tmp_path, "faults", world, seed=world, timeout=180)
+    assert "ok (6 faults" in outs[0], outs[0][-3000:]
+
+
+def test_every_nic_held_down_past_the_timeout_fails_both_sides_in_time(plugin, tmp_path):
+    """The fatal cell: every NIC of rank 0 down past R2CCL_TIMEOUT (2 s): both ranks' send and
+    receive return ncclRemoteError within R2CCL_TIMEOUT + 2 s, the log naming the cause and
+    the rails; nothing hangs."""
+    outs = run_harness(plugin, tmp_path, "fatal", 2, env={"R2CCL_TIMEOUT": "2"})
+    for o in outs:
+        assert "all_rails_down" in o and "R2CCL_TIMEOUT" in o, o[-3000:]

@@ -9,7 +9,9 @@
 #include <cstdarg>
 #include <cstdlib>
 #include <fstream>
+#include <sstream>
 #include <set>
+#include <sys/stat.h>
 
 #include "base/error.h"
 #include "base/log.h"
@@ -163,6 +165,10 @@ abi::Result NetPlugin::init(abi::Logger logger) {
         if (pci_path_.empty()) pci_path_ = nic_pci_path(n.ifname);
       }
       for (const std::string& a : ep_->addresses()) opened += (opened.empty() ? "" : ", ") + a;
+      if (const char* f = std::getenv(kFaultFileEnv)) {
+        fault_stop_ = false;
+        fault_watcher_ = std::thread(&NetPlugin::watch_faults, this, std::string(f));
+      }
     } catch (const std::exception& e) {
       users_ = 0;
       identity_ = nullptr;
@@ -186,8 +192,68 @@ abi::Result NetPlugin::finalize() {
     closing = std::move(ep_);
     identity_ = nullptr;
   }
+  if (fault_watcher_.joinable()) {
+    {
+      std::lock_guard<std::mutex> g(fault_mu_);
+      fault_stop_ = true;
+    }
+    fault_cv_.notify_all();
+    fault_watcher_.join();
+  }
   if (closing) closing->close();
   return abi::kSuccess;
+}
+
+void NetPlugin::watch_faults(std::string path) {
+  name_this_thread("r2ccl-faults");
+  struct timespec seen {};
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> g(fault_mu_);
+      if (fault_cv_.wait_for(g, std::chrono::milliseconds(10), [this] { return fault_stop_; })) return;
+    }
+    struct stat st {};
+    if (::stat(path.c_str(), &st) != 0) continue;
+    if (st.st_mtim.tv_sec == seen.tv_sec && st.st_mtim.tv_nsec == seen.tv_nsec) continue;
+    seen = st.st_mtim;
+    std::ifstream f(path);
+    std::string line;
+    while (std::getline(f, line))
+      if (!line.empty()) apply_fault(line);
+  }
+}
+
+void NetPlugin::apply_fault(const std::string& line) {
+  auto ep = endpoint();
+  if (!ep) return;
+  std::istringstream in(line);
+  std::string what;
+  int index = -1;
+  in >> what >> index;
+  int hit = 0;
+  try {
+    if (what == "nic_down" || what == "nic_up") {
+      ep->set_nic_state(index, what == "nic_up", "test fault (" + std::string(kFaultFileEnv) + ")");
+      hit = 1;
+    } else {
+      const Fault fault = what == "close" ? Fault::kClose : what == "stall" ? Fault::kStall : Fault::kNone;
+      if (what != "close" && what != "stall" && what != "heal") {
+        log(abi::kLogWarn, "test fault: unknown line '" + line + "'");
+        return;
+      }
+      for (int peer : ep->peers()) {
+        try {
+          ep->inject(peer, index, fault, 0);
+          hit++;
+        } catch (const Error&) {   // a connection closed meanwhile, or no such rail
+        }
+      }
+    }
+  } catch (const Error& e) {
+    log(abi::kLogWarn, "test fault: '" + line + "' failed: " + e.what());
+    return;
+  }
+  log(abi::kLogWarn, "test fault: " + line + " (" + std::to_string(hit) + " connection(s))");
 }
 
 abi::Result NetPlugin::devices(int* n) {

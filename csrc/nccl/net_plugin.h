@@ -13,10 +13,12 @@
 // fails its requests, and the text through NCCL's logger names the cause and the rails.
 #pragma once
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "base/config.h"
@@ -67,14 +69,23 @@ class NetPlugin {
   // Logs through NCCL's logger when NCCL gave one (else the core's, on stderr).
   void log(abi::LogLevel level, const std::string& line);
 
-  // The endpoint (null before init): the test hooks inject rail faults through it.
+  // The endpoint (null before init).
   std::shared_ptr<Endpoint> endpoint();
+
+  // Test-only fault injection from outside NCCL (docs/design.md §12): when
+  // R2CCL_TEST_FAULT_FILE names a file, a thread reads it whenever it changes and applies each
+  // line to the running plugin: "close R", "stall R", "heal R" (rail R of every connection),
+  // "nic_down N", "nic_up N" (local NIC N, as the health monitor declares it). Each applied
+  // line is logged ("test fault: ...") through NCCL's logger.
+  static constexpr char kFaultFileEnv[] = "R2CCL_TEST_FAULT_FILE";
 
  private:
   NetPlugin() = default;
   struct Comm;
   struct Request;
   abi::Result fail(abi::Result r, const std::string& why);
+  void watch_faults(std::string path);
+  void apply_fault(const std::string& line);
   abi::Result post(Comm* c, bool recv, void* data, size_t size, void** request);
 
   std::mutex mu_;
@@ -82,6 +93,10 @@ class NetPlugin {
   int users_ = 0;
   std::shared_ptr<Endpoint> ep_;
   PluginIdentity* identity_ = nullptr;   // owned by ep_'s engine
+  std::thread fault_watcher_;
+  std::mutex fault_mu_;
+  std::condition_variable fault_cv_;
+  bool fault_stop_ = false;
   double accept_timeout_s_ = 0;          // R2CCL_BOOTSTRAP_TIMEOUT: a listen nobody connects to fails then
   int speed_mbps_ = 0;
   std::string pci_path_;

@@ -16,7 +16,8 @@
 // 32 requests outstanding), ring (an all-reduce and an all-gather through the slots, bit for
 // bit), threads (connect/accept on a service thread while a progress thread moves data on
 // other connections), close (close with requests in flight), reload (finalize, dlclose, dlopen,
-// again). Prints "harness: <case> rank R: ok ..." or "FAIL: ..." and exits 1.
+// again), faults (the survivable faults through R2CCL_TEST_FAULT_FILE while traffic streams,
+// every byte exact) and fatal (every NIC held down past R2CCL_TIMEOUT: an error on both sides). Prints "harness: <case> rank R: ok ..." or "FAIL: ..." and exits 1.
 #include <dlfcn.h>
 #include <unistd.h>
 
@@ -54,13 +55,16 @@ void check(bool ok, const std::string& what) {
   if (!ok) die(what);
 }
 
+std::atomic<int> g_faults_logged{0};   // "test fault:" lines the plugin logged (applied faults)
+
 void logger(LogLevel level, unsigned long, const char*, int, const char* fmt, ...) {
-  if (level > kLogWarn && !std::getenv("HARNESS_VERBOSE")) return;
   char buf[2048];
   va_list ap;
   va_start(ap, fmt);
   std::vsnprintf(buf, sizeof buf, fmt, ap);
   va_end(ap);
+  if (std::strstr(buf, "test fault: ") && !std::strstr(buf, "unknown") && !std::strstr(buf, "failed")) g_faults_logged++;
+  if (level > kLogWarn && !std::getenv("HARNESS_VERBOSE")) return;
   std::fprintf(stderr, "[rank %d nccl-log %d] %s\n", g_rank, static_cast<int>(level), buf);
 }
 
@@ -607,6 +611,102 @@ void case_reload(uint64_t seed) {
               g_rank, bytes);
 }
 
+// Writes one line to this process's fault file (R2CCL_TEST_FAULT_FILE): the plugin applies it.
+void inject(const std::string& line) {
+  const char* path = std::getenv("R2CCL_TEST_FAULT_FILE");
+  check(path != nullptr, "the faults cases need R2CCL_TEST_FAULT_FILE");
+  const std::string tmp = std::string(path) + ".tmp";
+  {
+    std::ofstream f(tmp);
+    f << line << "\n";
+  }
+  check(std::rename(tmp.c_str(), path) == 0, "write the fault file");
+}
+
+// The survivable faults while traffic streams both ways: rank 0 closes rail 1 of every
+// connection, heals it, black-holes rail 0 (stall: its bytes vanish, detected by the stall
+// timer), heals it, declares NIC 1 down (all NICs but one), up again. Traffic runs in phases,
+// rank 0 deciding after each whether another follows, until the schedule is done; test()
+// never returns an error and every byte is checked (run_steps).
+void case_faults(uint64_t seed) {
+  net.init();
+  Conn c = connect_ring("faults");
+  std::atomic<bool> schedule_done{false};
+  const std::vector<std::pair<int, std::string>> schedule = {
+      {100, "close 1"}, {400, "heal 1"}, {300, "stall 0"}, {600, "heal 0"}, {300, "nic_down 1"}, {600, "nic_up 1"}};
+  std::thread faults;
+  if (g_rank == 0)
+    faults = std::thread([&] {
+      for (const auto& [ms, line] : schedule) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+        inject(line);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      schedule_done = true;
+    });
+  uint64_t bytes = 0;
+  int phase = 0;
+  for (;; phase++) {
+    bytes += run_steps(c, random_sizes(seed + phase, 60, 256 << 10), 256 << 10, 8, phase * 100);
+    if (g_rank == 0) publish("continue." + std::to_string(phase), schedule_done ? "0" : "1");
+    if (fetch("continue." + std::to_string(phase)) == "0") break;
+    check(phase < 10000, "the fault schedule never ended");
+  }
+  if (faults.joinable()) faults.join();
+  if (g_rank == 0)
+    check(g_faults_logged.load() == static_cast<int>(schedule.size()),
+          "the plugin applied " + std::to_string(g_faults_logged.load()) + " of " + std::to_string(schedule.size()) +
+              " faults");
+  barrier("faults-done");
+  close_conn(c);
+  net.finalize();
+  std::printf("harness: faults rank %d: ok (%zu faults, %d phases, %" PRIu64 " bytes exact, no error)\n", g_rank,
+              g_rank == 0 ? schedule.size() : 0, phase + 1, bytes);
+}
+
+// A fatal fault: rank 0 holds every NIC down past R2CCL_TIMEOUT. Each rank's pending send and
+// receive must fail (test() returns an error, the logger names the cause) within
+// R2CCL_TIMEOUT + 2 s of the cut, and nothing hangs.
+void case_fatal(uint64_t seed) {
+  const char* t = std::getenv("R2CCL_TIMEOUT");
+  const double timeout_s = t ? std::atof(t) : 30.0;
+  net.init();
+  Conn c = connect_ring("fatal");
+  run_steps(c, random_sizes(seed, 20, 64 << 10), 64 << 10, 8, 0);
+  barrier("fatal-ready");
+  if (g_rank == 0) inject("nic_down 0\nnic_down 1");
+  const double t0 = now_s();
+  std::vector<uint8_t> sb(1 << 16, 1), rb(1 << 16);
+  void *smh = nullptr, *rmh = nullptr, *sreq = nullptr, *rreq = nullptr;
+  check(net.d().reg_mr(c.send, sb.data(), sb.size(), kPtrHost, &smh) == kSuccess, "regMr");
+  check(net.d().reg_mr(c.recv, rb.data(), rb.size(), kPtrHost, &rmh) == kSuccess, "regMr");
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));   // the cut lands first
+  check(net.d().isend(c.send, sb.data(), sb.size(), g_rank, smh, nullptr, &sreq) == kSuccess && sreq, "isend");
+  void* d = rb.data();
+  size_t size = rb.size();
+  int tag = 0;
+  check(net.d().irecv(c.recv, 1, &d, &size, &tag, &rmh, nullptr, &rreq) == kSuccess && rreq, "irecv");
+  Result sr = kSuccess, rr = kSuccess;
+  bool sdone = false, rdone = false;
+  while (!(sdone && rdone)) {
+    check(now_s() - t0 < timeout_s + 2.0 + 5.0, "no error within R2CCL_TIMEOUT + 7 s: the plugin hangs");
+    int done = 0, sizes[kTestSizes] = {};
+    if (!sdone && (sr = net.d().test(sreq, &done, sizes)) != kSuccess) sdone = true;
+    else if (!sdone && done) die("the send succeeded with every NIC of rank 0 held down");
+    done = 0;
+    if (!rdone && (rr = net.d().test(rreq, &done, sizes)) != kSuccess) rdone = true;
+    else if (!rdone && done) die("the receive succeeded with every NIC of rank 0 held down");
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  const double took = now_s() - t0;
+  check(took <= timeout_s + 2.0, "the error took " + std::to_string(took) + " s, past R2CCL_TIMEOUT + 2 s");
+  check(sr == kRemoteError && rr == kRemoteError, "the errors are ncclRemoteError");
+  std::printf("harness: fatal rank %d: ok (send and receive failed after %.2f s, R2CCL_TIMEOUT %.1f s)\n", g_rank,
+              took, timeout_s);
+  close_conn(c);
+  net.finalize();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -637,6 +737,8 @@ int main(int argc, char** argv) {
   else if (which == "threads") case_threads(seed);
   else if (which == "close") case_close(seed);
   else if (which == "reload") case_reload(seed);
+  else if (which == "faults") case_faults(seed);
+  else if (which == "fatal") case_fatal(seed);
   else die("unknown case " + which);
   net.close();
   std::fflush(stdout);
