@@ -23,6 +23,7 @@ __version__ = "0.1.0"
 _LAZY = {
     "Config": "config", "SETTINGS": "config",
     "initialize": "_src.runtime", "shutdown": "_src.runtime", "last_plan": "_src.runtime",
+    "nccl_env": "transport.nccl",
     "health": "monitoring", "events": "monitoring", "on_event": "monitoring",
     **{name: "_src.ops" for name in ("psum", "pmean", "pmax", "pmin", "all_gather", "psum_scatter",
                                      "all_to_all", "enabled", "install", "uninstall")},

@@ -44,6 +44,12 @@ splitaxis = parallel._splitaxis
 foldaxis = parallel._foldaxis
 
 
+def backends_initialized() -> bool:
+    """Whether JAX has created its backends (the GPU one creates NCCL communicators lazily)."""
+    from jax._src import xla_bridge
+    return bool(xla_bridge.backends_are_initialized())
+
+
 def check_vma() -> bool:
     """Whether the enclosing shard_map checks varying manual axes (check_vma=True)."""
     return bool(_config._check_vma.value)

@@ -108,14 +108,28 @@ def is_initialized() -> bool:
 
 
 def initialize(*, nics: Sequence[str] | None = None, config: Config | None = None,
-               timeout: float | None = None) -> Endpoint:
+               timeout: float | None = None, nccl: bool = False) -> Endpoint:
     """Call once per process after jax.distributed.initialize() (a single process needs no
     jax.distributed). Idempotent while initialized; may be called again after shutdown().
-    Returns the transport Endpoint."""
+    Returns the transport Endpoint.
+
+    nccl=True also puts every collective XLA runs in NCCL (GPU: what `jit` over sharded arrays
+    inserts) on the NCCL net plugin: it sets jax_r2ccl.nccl_env() in this process's environment,
+    which NCCL reads when XLA creates its first communicator. That must happen before JAX
+    initializes its backends (the first jax.devices() or computation); later, it refuses."""
     global _current, _generation, _ffi_registered, _atexit_registered
     import jax
     from ..transport import bootstrap
     from .._compat.jax_kv import process_index_and_count
+    if nccl:
+        from ..transport import nccl as nccl_plugin
+        from .._compat.jaxapi import backends_initialized
+        if backends_initialized():
+            raise R2cclError("initialize(nccl=True) came after JAX initialized its backends: NCCL may already have "
+                             "read its environment. Call it before the first jax.devices() or computation (right "
+                             "after jax.distributed.initialize()), or export the variables of "
+                             "jax_r2ccl.nccl_env() in the job's launcher.")
+        nccl_plugin.apply_env()
     with _lock:
         if _current is not None:
             return _current.endpoint

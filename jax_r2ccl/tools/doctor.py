@@ -172,9 +172,10 @@ def report(sys_root: str | None = None) -> dict:
     notes = [nvml_line, rdma_line, cuda_line()]
     if cfg_error:
         notes.append(f"configuration error: {cfg_error}")
+    from ..transport import nccl
     return {"host": socket.gethostname(), "nics": nic_list, "nics_used": aff["order"], "affinity": aff,
             "gpus": gpu_list, "rdma": rdma_list, "transports": transports["nics"], "settings": settings,
-            "notes": notes}
+            "nccl": nccl.report(), "notes": notes}
 
 
 def main(args: argparse.Namespace) -> int:
@@ -214,6 +215,12 @@ def main(args: argparse.Namespace) -> int:
     print("\nTransport per NIC in use (R2CCL_TRANSPORT=auto would pick)")
     for nic, t in r["transports"].items():
         print(f"  {nic:15} {t}")
+    n = r["nccl"]
+    print("\nNCCL net plugin (every NCCL collective of a GPU job over these rails)")
+    print(f"  plugin:  {n['plugin'] or '(not built)'}")
+    print(f"  NCCL:    {n['nccl'] or '(none)'} ({n['how'] or '-'}), version {n['version'] or 'unknown'}, "
+          f"looks up tables {', '.join('v' + str(t) for t in n['tables']) or '(unknown)'}")
+    print(f"  used:    {'yes' if n['would_use'] else 'no'}: {n['why']}")
     print("\nNotes")
     for line in r["notes"]:
         print(f"  {line}")
