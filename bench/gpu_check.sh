@@ -23,6 +23,9 @@
 #                   staging >= 80% of a pinned cudaMemcpy, kernels >= 85% of a D2D copy,
 #                   8-byte FFI overhead <= 30 us
 #   7 leftovers     every process a step started is gone; the logs are in $OUT/logs.tgz
+#   8 nccl          bench/nccl_check.sh (the NCCL net plugin under NCCL, one GPU as two hosts)
+#                   when at least 90 s of BUDGET are left (BUDGET=560 leaves it about 4 minutes);
+#                   its results in $OUT/nccl
 #
 #   bench/gpu_check.sh            # on the GPU machine (PYTHON: its python3)
 #   bench/gpu_check.sh --dry-run  # here, no GPU: every step that does not touch CUDA, on the
@@ -328,5 +331,18 @@ EOF
   pass "6 bench" "every row exact and on target (the table is in bench_gpu.0.log and gpu.json)"
 else
   fail "6 bench" "$([[ $bench_ok == 0 ]] && echo "a bench process failed: $(reason "$LOGS/bench_gpu.0.log" 1)" || echo "a row missed its target or was wrong (above)")"
+fi
+# ---------------------------------------------------------------- 8 nccl
+echo "== 8 nccl (bench/nccl_check.sh: the NCCL plugin under NCCL)"
+nleft=$(( BUDGET - $(now) - 20 ))
+if (( nleft < 90 )); then
+  skip "8 nccl" "${nleft} s left of BUDGET=$BUDGET (the NCCL check needs 90 s or more: BUDGET=560 leaves it about 4 minutes)"
+elif (cd "$WORK" && SITE=$SITE PYTHON=$PYTHON BUDGET=$nleft OUT=$OUT/nccl setsid "$ROOT/bench/nccl_check.sh" \
+      $([[ $DRY == 1 ]] && echo --dry-run)) >"$LOGS/nccl_check.log" 2>&1; then
+  sed 's/^/    /' "$LOGS/nccl_check.log" | tail -n 40
+  pass "8 nccl" "$(tail -1 "$OUT/nccl/summary.txt")"
+else
+  sed 's/^/    /' "$LOGS/nccl_check.log" | tail -n 40
+  fail "8 nccl" "$(grep -E 'FAIL' "$OUT/nccl/summary.txt" 2>/dev/null | head -2 | tr '\n' ' ')"
 fi
 exit $(( ${#FAILED[@]} > 0 ))
