@@ -108,6 +108,8 @@ def test_survivable_faults_under_traffic_never_reach_nccl_and_every_byte_is_exac
     returns an error, every byte is checked, and the plugin applied every fault."""
     outs = run_harness(plugin, tmp_path, "faults", world, seed=world, timeout=180)
     assert "ok (6 faults" in outs[0], outs[0][-3000:]
+    # The core's own lines (a rail failing) reach NCCL's logger, not stderr.
+    assert "nccl-log 2] NET/r2ccl: rail 1 to NCCL" in outs[0] and "[r2ccl " not in outs[0], outs[0][-3000:]
 
 
 def test_every_nic_held_down_past_the_timeout_fails_both_sides_in_time(plugin, tmp_path):

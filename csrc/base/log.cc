@@ -15,6 +15,7 @@ namespace r2ccl {
 static std::atomic<int> g_level{1};
 static std::atomic<int> g_rank{-1};
 static std::atomic<bool> g_claimed{false};
+static std::atomic<LogSink> g_sink{nullptr};
 // A thread that works for one endpoint (its engine, executor or monitor) logs at that
 // endpoint's level and with its rank, whatever other endpoints in the process chose.
 static thread_local int t_level = -1;
@@ -27,6 +28,7 @@ void log_set_process_default(int level, int rank) {
   g_level.store(level);
   g_rank.store(rank);
 }
+void log_set_sink(LogSink sink) { g_sink.store(sink); }
 void name_this_thread(const char* name) { pthread_setname_np(pthread_self(), name); }
 
 void log_bind_thread(int level, int rank) {
@@ -40,6 +42,14 @@ bool log_enabled(LogLevel level) {
 
 void log_write(LogLevel level, const char* fmt, ...) {
   char buf[1024];
+  if (LogSink sink = g_sink.load()) {
+    va_list ap;
+    va_start(ap, fmt);
+    std::vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    sink(level, buf);
+    return;
+  }
   int n = std::snprintf(buf, sizeof buf, "[r2ccl %d %.3f %s] ", t_level >= 0 ? t_rank : g_rank.load(), unix_time_s(),
                         kLogLevelNames[static_cast<int>(level)]);
   va_list ap;

@@ -23,6 +23,11 @@ void log_bind_thread(int level, int rank);
 // Names the calling thread (at most 15 characters; "r2ccl-engine", "r2ccl-io3"), as top -H,
 // perf and `bench p2p`'s CPU-by-thread line show it.
 void name_this_thread(const char* name);
+// Where lines go instead of stderr, for a host program with a logger of its own (the NCCL
+// plugin hands them to NCCL's): called with the line's level and text (no prefix, no newline),
+// on the logging thread. Null: stderr again.
+using LogSink = void (*)(LogLevel level, const char* line);
+void log_set_sink(LogSink sink);
 bool log_enabled(LogLevel level);
 void log_write(LogLevel level, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
 

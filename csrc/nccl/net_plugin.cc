@@ -118,12 +118,17 @@ NetPlugin& NetPlugin::instance() {
   return *p;
 }
 
+namespace {
+// The core's lines through NCCL's logger, at NCCL's levels (NCCL_DEBUG filters them further).
+void core_line_to_nccl(LogLevel level, const char* line) {
+  const abi::LogLevel to = level == LogLevel::kInfo ? abi::kLogInfo : level == LogLevel::kTrace ? abi::kLogTrace
+                                                                                                : abi::kLogWarn;
+  NetPlugin::instance().log(to, line);
+}
+}  // namespace
+
 void NetPlugin::log(abi::LogLevel level, const std::string& line) {
-  abi::Logger logger;
-  {
-    std::lock_guard<std::mutex> g(mu_);
-    logger = logger_;
-  }
+  const abi::Logger logger = logger_.load();
   if (logger) {
     logger(level, abi::kSubsysNet, __FILE__, __LINE__, "NET/r2ccl: %s", line.c_str());
   } else {
@@ -145,7 +150,10 @@ abi::Result NetPlugin::init(abi::Logger logger) {
   std::string opened;
   {
     std::lock_guard<std::mutex> g(mu_);
-    if (logger) logger_ = logger;
+    if (logger) {
+      logger_ = logger;
+      log_set_sink(&core_line_to_nccl);
+    }
     if (users_++ > 0) return abi::kSuccess;
     try {
       Config cfg = config_from_environment();
@@ -174,7 +182,7 @@ abi::Result NetPlugin::init(abi::Logger logger) {
       identity_ = nullptr;
       ep_.reset();
       opened = e.what();
-      logger = logger_;
+      logger = logger_.load();
       if (logger) logger(abi::kLogWarn, abi::kSubsysInit | abi::kSubsysNet, __FILE__, __LINE__, "NET/r2ccl: %s", opened.c_str());
       return abi::kInternalError;
     }

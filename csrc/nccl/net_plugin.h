@@ -66,7 +66,8 @@ class NetPlugin {
   abi::Result close_recv(void* recv_comm);
   abi::Result close_listen(void* listen_comm);
 
-  // Logs through NCCL's logger when NCCL gave one (else the core's, on stderr).
+  // Logs through NCCL's logger when NCCL gave one (else the core's, on stderr). From the first
+  // init with a logger, the core's own lines (rails failing, recovering; R2CCL_DEBUG) go there too.
   void log(abi::LogLevel level, const std::string& line);
 
   // The endpoint (null before init).
@@ -89,7 +90,7 @@ class NetPlugin {
   abi::Result post(Comm* c, bool recv, void* data, size_t size, void** request);
 
   std::mutex mu_;
-  abi::Logger logger_ = nullptr;
+  std::atomic<abi::Logger> logger_{nullptr};   // (atomic: the core's log sink reads it on any thread)
   int users_ = 0;
   std::shared_ptr<Endpoint> ep_;
   PluginIdentity* identity_ = nullptr;   // owned by ep_'s engine
