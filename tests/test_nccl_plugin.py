@@ -34,7 +34,7 @@ def plugin():
     return str(build_dir / "libnccl-net-r2ccl.so"), str(build_dir / "nccl_plugin_harness")
 
 
-def run_harness(plugin, tmp_path, case, world, table=12, seed=1, env=None, timeout=120):
+def run_harness(plugin, tmp_path, case, world, table=12, seed=1, env=None, timeout=120, extra=()):
     """Runs `world` harness processes of one case; returns their outputs (all must pass)."""
     so, harness = plugin
     procs = []
@@ -42,7 +42,7 @@ def run_harness(plugin, tmp_path, case, world, table=12, seed=1, env=None, timeo
         e = dict(os.environ, R2CCL_NICS=NICS, R2CCL_TEST_FAULT_FILE=str(tmp_path / f"fault.{rank}"), **(env or {}))
         procs.append(subprocess.Popen(
             [harness, "--plugin", so, "--dir", str(tmp_path), "--rank", str(rank), "--world", str(world),
-             "--case", case, "--table", str(table), "--seed", str(seed), "--timeout", "60"],
+             "--case", case, "--table", str(table), "--seed", str(seed), "--timeout", "60", *extra],
             env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     outs = []
     try:
@@ -119,3 +119,9 @@ def test_every_nic_held_down_past_the_timeout_fails_both_sides_in_time(plugin, t
     outs = run_harness(plugin, tmp_path, "fatal", 2, env={"R2CCL_TIMEOUT": "2"})
     for o in outs:
         assert "all_rails_down" in o and "R2CCL_TIMEOUT" in o, o[-3000:]
+
+
+def test_the_bandwidth_case_streams_exact_pieces_and_times_a_round_trip(plugin, tmp_path):
+    """The case bench/testbed_nccl.sh times on the test bed (no speed is judged here)."""
+    outs = run_harness(plugin, tmp_path, "bandwidth", 2, extra=("--bytes", str(16 << 20)))
+    assert all(" BW " in o and " RTT " in o for o in outs), outs

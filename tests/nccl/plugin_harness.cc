@@ -21,6 +21,7 @@
 #include <dlfcn.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cinttypes>
@@ -707,11 +708,109 @@ void case_fatal(uint64_t seed) {
   net.finalize();
 }
 
+// Speed, the way NCCL's proxy moves a large message between two hosts: rank 0 streams
+// --bytes (256 MiB) to rank 1 in --slot pieces (512 KiB: NCCL's SIMPLE step of a 4 MiB buffer)
+// with 8 in flight, every byte checked at the end; then a 4 KiB isend -> test round trip,
+// 300 times after 30 untimed (rank 1 echoes). Prints "BW <MB/s>" and "RTT <median us>".
+void case_bandwidth(uint64_t total, size_t slot) {
+  check(g_world == 2, "bandwidth runs on 2 processes");
+  net.init();
+  Conn c = connect_ring("bw");
+  const int slots = 8;
+  std::vector<std::vector<uint8_t>> buf(slots, std::vector<uint8_t>(slot));
+  std::vector<void*> mh(slots);
+  void* comm = g_rank == 0 ? c.send : c.recv;
+  for (int s = 0; s < slots; s++) check(net.d().reg_mr(comm, buf[s].data(), slot, kPtrHost, &mh[s]) == kSuccess, "regMr");
+  const uint64_t pieces = (total + slot - 1) / slot;
+  auto piece_len = [&](uint64_t k) { return static_cast<size_t>(std::min<uint64_t>(slot, total - k * slot)); };
+  std::vector<std::vector<uint8_t>> ref(slots, std::vector<uint8_t>(slot));
+  for (int s = 0; s < slots; s++)
+    for (size_t i = 0; i < slot; i++) buf[s][i] = ref[s][i] = pattern(0, s, i);
+  barrier("bw-start");
+  std::vector<void*> req(slots);
+  uint64_t posted = 0, done = 0, wrong = 0;
+  const double t0 = now_s(), until = t0 + g_timeout_s;
+  while (done < pieces) {
+    check(now_s() < until, "the stream did not finish within the timeout");
+    if (posted < pieces && posted - done < static_cast<uint64_t>(slots)) {
+      const int s = static_cast<int>(posted % slots);
+      void* r = nullptr;
+      if (g_rank == 0) {
+        check(net.d().isend(c.send, buf[s].data(), piece_len(posted), 0, mh[s], nullptr, &r) == kSuccess, "isend");
+      } else {
+        void* d = buf[s].data();
+        size_t size = slot;
+        int tag = 0;
+        check(net.d().irecv(c.recv, 1, &d, &size, &tag, &mh[s], nullptr, &r) == kSuccess, "irecv");
+      }
+      if (r) req[s] = r, posted++;
+    }
+    if (done < posted) {
+      const int s = static_cast<int>(done % slots);
+      int d = 0, sizes[kTestSizes] = {};
+      check(net.d().test(req[s], &d, sizes) == kSuccess, "test");
+      if (d) {
+        if (g_rank == 1) {   // the sender's slot s always holds pattern(0, s, .)
+          const size_t n = piece_len(done);
+          if (sizes[0] != static_cast<int>(n) || std::memcmp(buf[s].data(), ref[s].data(), n) != 0) wrong++;
+          std::memset(buf[s].data(), 0, n);   // the next piece in this slot must bring its own bytes
+        }
+        done++;
+      }
+    }
+  }
+  const double secs = now_s() - t0;
+  check(wrong == 0, std::to_string(wrong) + " wrong pieces");
+  barrier("bw-done");
+  // 4 KiB round trips: rank 0 sends, rank 1 echoes.
+  std::vector<uint8_t> small(4096, 7), back(4096);
+  void *smh = nullptr, *rmh = nullptr;
+  check(net.d().reg_mr(c.send, small.data(), 4096, kPtrHost, &smh) == kSuccess, "regMr");
+  check(net.d().reg_mr(c.recv, back.data(), 4096, kPtrHost, &rmh) == kSuccess, "regMr");
+  std::vector<double> rtt;
+  for (int it = 0; it < 330; it++) {
+    const double a = now_s();
+    auto send_one = [&] {
+      void* r = nullptr;
+      while (!r) check(net.d().isend(c.send, small.data(), 4096, g_rank, smh, nullptr, &r) == kSuccess, "isend");
+      return r;
+    };
+    auto recv_one = [&] {
+      void* r = nullptr;
+      void* d = back.data();
+      size_t size = 4096;
+      int tag = 0;
+      while (!r) check(net.d().irecv(c.recv, 1, &d, &size, &tag, &rmh, nullptr, &r) == kSuccess, "irecv");
+      return r;
+    };
+    if (g_rank == 0) {
+      void* rr = recv_one();
+      wait_req(send_one(), "ping");
+      wait_req(rr, "pong");
+    } else {
+      wait_req(recv_one(), "ping");
+      wait_req(send_one(), "pong");
+    }
+    if (it >= 30) rtt.push_back((now_s() - a) * 1e6);
+  }
+  std::sort(rtt.begin(), rtt.end());
+  barrier("bw-rtt-done");
+  net.d().dereg_mr(c.send, smh);
+  net.d().dereg_mr(c.recv, rmh);
+  for (int s = 0; s < slots; s++) net.d().dereg_mr(comm, mh[s]);
+  close_conn(c);
+  net.finalize();
+  std::printf("harness: bandwidth rank %d: ok BW %.1f MB/s (%" PRIu64 " bytes in %zu-byte pieces, 8 in flight, %.3f s) "
+              "RTT %.1f us (4 KiB isend->test round trip, median of 300)\n",
+              g_rank, static_cast<double>(total) / secs / 1e6, total, slot, secs, rtt[rtt.size() / 2]);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::string which;
-  uint64_t seed = 1;
+  uint64_t seed = 1, bytes = 256ull << 20;
+  size_t slot = 512 << 10;
   for (int i = 1; i < argc; i++) {
     std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -726,6 +825,8 @@ int main(int argc, char** argv) {
     else if (a == "--table") g_table = std::stoi(next());
     else if (a == "--seed") seed = std::stoull(next());
     else if (a == "--timeout") g_timeout_s = std::stod(next());
+    else if (a == "--bytes") bytes = std::stoull(next());
+    else if (a == "--slot") slot = std::stoull(next());
     else die("unknown argument " + a);
   }
   check(!g_plugin.empty() && !g_dir.empty() && g_world >= 2 && g_rank >= 0 && g_rank < g_world, "usage: --plugin SO --dir D --rank R --world W --case C");
@@ -739,6 +840,7 @@ int main(int argc, char** argv) {
   else if (which == "reload") case_reload(seed);
   else if (which == "faults") case_faults(seed);
   else if (which == "fatal") case_fatal(seed);
+  else if (which == "bandwidth") case_bandwidth(bytes, slot);
   else die("unknown case " + which);
   net.close();
   std::fflush(stdout);
