@@ -53,15 +53,16 @@ def exchange(ep, rank, world, sizes, rounds=1):
     return {"wrong": wrong, "details": details, "stats": stats}
 
 
-def barrier(ep, rank, world, tag=1 << 40):
-    """Everyone has reached this point (a zero-byte message to and from every peer)."""
+def barrier(ep, rank, world, tag=1 << 40, timeout=-1.0):
+    """Everyone has reached this point (a zero-byte message to and from every peer). timeout < 0:
+    R2CCL_TIMEOUT (a test that shortens it for its faults may give the barrier longer)."""
     reqs = []
     for peer in range(world):
         if peer != rank:
             reqs.append(ep.irecv(peer, np.empty(0, np.uint8), tag=tag))
             reqs.append(ep.isend(peer, np.empty(0, np.uint8), tag=tag))
     for r in reqs:
-        r.wait()
+        r.wait(timeout)
 
 
 def tags_out_of_order(ep, rank, world, n=300_000):
@@ -1095,7 +1096,8 @@ def eager_undeliverable(ep, rank, world, size=4096, down_s=2.0):
     else:
         time.sleep(down_s + 1.0)
         out.update(_abandoned_then_ok(ep, peer, size, 1, 1 << 16, 3, 3))
-    barrier(ep, rank, world)
+    # (R2CCL_TIMEOUT is 1 s here, for the fault; the ranks may part by more on a loaded machine)
+    barrier(ep, rank, world, timeout=30)
     return out
 
 

@@ -271,7 +271,14 @@ void Monitor::link_change(size_t i, bool up, const std::string& why) {
 void Monitor::sample(int64_t now) {
   std::vector<int> peers = ep_->peers();
   std::map<int, std::vector<RailStats>> by_peer;
-  for (int peer : peers) by_peer[peer] = ep_->rail_stats(peer);
+  for (int peer : peers) {
+    try {
+      by_peer[peer] = ep_->rail_stats(peer);
+    } catch (const Error& e) {
+      // A peer removed since peers() (an NCCL plugin's closed connection): nothing to watch.
+      if (e.cause() != Cause::kInvalidArgument) throw;
+    }
+  }
   for (int peer : peers) {
     const std::vector<RailStats>& stats = by_peer[peer];
     double best = 0;
@@ -347,6 +354,12 @@ void Monitor::sample(int64_t now) {
         t.pending = 0;
       }
     }
+  }
+  // Forget the rails of peers that are gone (an NCCL plugin opens and closes connections
+  // for the life of the job: their tracks must not pile up).
+  for (auto it = rails_.begin(); it != rails_.end();) {
+    auto p = by_peer.find(it->first.first);
+    it = p == by_peer.end() || p->second.empty() ? rails_.erase(it) : std::next(it);
   }
   update_capacity(by_peer);
 }

@@ -165,6 +165,7 @@ abi::Result NetPlugin::init(abi::Logger logger) {
       auto identity = std::make_unique<PluginIdentity>(hex_bytes(cfg.secret));
       identity_ = identity.get();
       ep_ = std::make_shared<Endpoint>(cfg, 0, 1, nics, std::move(identity));
+      if (cfg.monitor_ms > 0) monitor_ = std::make_shared<monitor::Monitor>(ep_, cfg);
       accept_timeout_s_ = cfg.bootstrap_timeout_s;
       speed_mbps_ = 0;
       pci_path_.clear();
@@ -180,6 +181,7 @@ abi::Result NetPlugin::init(abi::Logger logger) {
     } catch (const std::exception& e) {
       users_ = 0;
       identity_ = nullptr;
+      monitor_.reset();
       ep_.reset();
       opened = e.what();
       logger = logger_.load();
@@ -187,19 +189,23 @@ abi::Result NetPlugin::init(abi::Logger logger) {
       return abi::kInternalError;
     }
   }
-  log(abi::kLogInfo, "listening on " + opened + " (one device striped over every NIC)");
+  log(abi::kLogInfo, "listening on " + opened + " (one device striped over every NIC; health monitor " +
+                         std::string(monitor_ ? "on" : "off: R2CCL_MONITOR_MS=0") + ")");
   return abi::kSuccess;
 }
 
 abi::Result NetPlugin::finalize() {
   std::shared_ptr<Endpoint> closing;
+  std::shared_ptr<monitor::Monitor> stopping;
   {
     std::lock_guard<std::mutex> g(mu_);
     if (users_ == 0) return abi::kSuccess;
     if (--users_ > 0) return abi::kSuccess;
     closing = std::move(ep_);
+    stopping = std::move(monitor_);
     identity_ = nullptr;
   }
+  if (stopping) stopping->close();   // before the endpoint (monitor.h)
   if (fault_watcher_.joinable()) {
     {
       std::lock_guard<std::mutex> g(fault_mu_);

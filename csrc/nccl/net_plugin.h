@@ -23,6 +23,7 @@
 
 #include "base/config.h"
 #include "core/endpoint.h"
+#include "monitor/monitor.h"
 #include "nccl/handle.h"
 #include "nccl/net_abi.h"
 #include "nccl/plugin_identity.h"
@@ -93,6 +94,7 @@ class NetPlugin {
   std::atomic<abi::Logger> logger_{nullptr};   // (atomic: the core's log sink reads it on any thread)
   int users_ = 0;
   std::shared_ptr<Endpoint> ep_;
+  std::shared_ptr<monitor::Monitor> monitor_;   // link events, weights, black holes (R2CCL_MONITOR_MS > 0)
   PluginIdentity* identity_ = nullptr;   // owned by ep_'s engine
   std::thread fault_watcher_;
   std::mutex fault_mu_;
