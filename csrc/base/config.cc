@@ -19,7 +19,7 @@ std::string Config::validate() const {
   if (!known) return bad("R2CCL_TRANSPORT", "must be socket, ibverbs or auto (got '" + transport + "')");
   known = false;
   for (const char* a : kNicAffinityNames) known = known || nic_affinity == a;
-  if (!known) return bad("R2CCL_NIC_AFFINITY", "must be auto or off (got '" + nic_affinity + "')");
+  if (!known) return "R2CCL_NIC_AFFINITY='" + nic_affinity + "': use auto or off";
   if (ib_timeout < 1 || ib_timeout > 31) return bad("R2CCL_IB_TIMEOUT", "must be 1..31");
   if (ib_retry_count < 0 || ib_retry_count > 7) return bad("R2CCL_IB_RETRY_COUNT", "must be 0..7");
   if (ib_gid_index < -1 || ib_gid_index > 255) return bad("R2CCL_IB_GID_INDEX", "must be -1 (auto) or 0..255");
