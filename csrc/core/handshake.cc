@@ -24,8 +24,10 @@ std::string AcceptorHandshake::on_hello(const uint8_t body[kHelloBytes]) {
   if (stage_ != 0) return "a second hello";
   HelloBody h = decode_hello(body);
   const HelloIds ids{h.job_id, h.from_rank, h.to_rank};
-  std::string why = identity_->accept_hello(ids, &peer_, &key_, &add_with_nics_);
+  const std::string* key = nullptr;
+  std::string why = identity_->accept_hello(ids, &peer_, &key, &add_with_nics_);
   if (!why.empty()) return why;
+  key_ = *key;
   std::memcpy(hello_, body, kHelloBytes);
   hb_ = h;
   stage_ = 1;
@@ -34,7 +36,7 @@ std::string AcceptorHandshake::on_hello(const uint8_t body[kHelloBytes]) {
 
 std::vector<uint8_t> AcceptorHandshake::challenge(const uint8_t nonce[kNonceBytes]) {
   std::memcpy(nonce_, nonce, kNonceBytes);
-  const Mac mac = handshake_mac(*key_, kAcceptorLabel, hello_, nonce_);
+  const Mac mac = handshake_mac(key_, kAcceptorLabel, hello_, nonce_);
   std::vector<uint8_t> body(nonce_, nonce_ + kNonceBytes);
   body.insert(body.end(), mac.begin(), mac.end());
   stage_ = 2;
@@ -45,7 +47,7 @@ bool AcceptorHandshake::on_auth(const uint8_t body[kAuthBytes]) {
   if (stage_ != 2) return false;
   Mac got;
   std::memcpy(got.data(), body, kMacBytes);
-  if (!mac_equal(handshake_mac(*key_, kConnectorLabel, hello_, nonce_), got)) return false;
+  if (!mac_equal(handshake_mac(key_, kConnectorLabel, hello_, nonce_), got)) return false;
   stage_ = 3;
   return true;
 }

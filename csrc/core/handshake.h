@@ -54,7 +54,9 @@ class AcceptorHandshake {
 
  private:
   PeerIdentity* identity_;
-  const std::string* key_ = nullptr;
+  // A copy: the identity may drop its key while this handshake is pending (the NCCL plugin's
+  // listen is closed right after its first connection is accepted, its other rails still here).
+  std::string key_;
   int peer_ = -1;
   int add_with_nics_ = 0;
   int stage_ = 0;   // 0: await hello, 1: hello valid (challenge to send), 2: await auth, 3: admitted
