@@ -2,7 +2,9 @@
 
     python .ci/jax_range.py bounds            -> "LOWER UPPER" (jax>=LOWER,<UPPER)
     python .ci/jax_range.py newest            -> "VERSION PYTHON": the newest jax release in the
-                                                 range on PyPI and an interpreter that installs it
+                                                 range that an interpreter here can install, with
+                                                 that interpreter (a release whose pinned jaxlib is
+                                                 not on the index yet is passed over, and said so)
     python .ci/jax_range.py python-for V      -> an interpreter that installs jax==V
 Interpreters: this one, then pyenv's and PATH's python3.1x, newest first."""
 
@@ -60,6 +62,17 @@ def versions(python: str) -> list[str]:
     return [v.strip() for v in m.group(1).split(",")] if m else []
 
 
+def installs(python: str, version: str) -> bool:
+    """Whether pip resolves jax==version with its dependencies for `python` (jax pins its jaxlib
+    exactly; the index can list a jax whose jaxlib is not there yet)."""
+    r = subprocess.run([python, "-m", "pip", "install", "--dry-run", "--ignore-installed", "-q", f"jax=={version}"],
+                       capture_output=True, text=True, timeout=300)
+    if r.returncode != 0:
+        why = [ln for ln in r.stderr.splitlines() if ln.startswith("ERROR: No matching")] or r.stderr.splitlines()[-1:]
+        print(f"jax_range: passing over jax {version} for {python}: {' '.join(why)}", file=sys.stderr)
+    return r.returncode == 0
+
+
 def main() -> None:
     lo, hi = bounds()
     cmd = sys.argv[1] if len(sys.argv) > 1 else ""
@@ -69,14 +82,18 @@ def main() -> None:
         best = None
         for py in interpreters():
             ok = [v for v in versions(py) if key(lo) <= key(v) < key(hi) and re.fullmatch(r"[0-9.]+", v)]
-            if ok and (best is None or key(max(ok, key=key)) > key(best[0])):
-                best = (max(ok, key=key), py)
+            for v in sorted(ok, key=key, reverse=True)[:5]:
+                if best is not None and key(v) <= key(best[0]):
+                    break
+                if installs(py, v):
+                    best = (v, py)
+                    break
         if best is None:
             sys.exit("jax_range: no interpreter here can install a jax release in the supported range")
         print(*best)
     elif cmd == "python-for" and len(sys.argv) == 3:
         for py in interpreters():
-            if sys.argv[2] in versions(py):
+            if sys.argv[2] in versions(py) and installs(py, sys.argv[2]):
                 print(py)
                 return
         sys.exit(f"jax_range: no interpreter here can install jax=={sys.argv[2]}")
