@@ -17,7 +17,10 @@
 // bit), threads (connect/accept on a service thread while a progress thread moves data on
 // other connections), close (close with requests in flight), reload (finalize, dlclose, dlopen,
 // again), faults (the survivable faults through R2CCL_TEST_FAULT_FILE while traffic streams,
-// every byte exact) and fatal (every NIC held down past R2CCL_TIMEOUT: an error on both sides). Prints "harness: <case> rank R: ok ..." or "FAIL: ..." and exits 1.
+// every byte exact), fatal (every NIC held down past R2CCL_TIMEOUT: an error on both sides),
+// bandwidth (a stream and a round trip, timed) and loop (the ring and an all-to-all over and
+// over while a test injects faults from outside: tests/test_nccl_plugin_testbed.py). Prints
+// "harness: <case> rank R: ok ..." or "FAIL: ..." and exits 1.
 #include <dlfcn.h>
 #include <unistd.h>
 
@@ -30,6 +33,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <memory>
 #include <random>
 #include <sstream>
 #include <string>
@@ -54,6 +58,19 @@ double g_timeout_s = 60;
 
 void check(bool ok, const std::string& what) {
   if (!ok) die(what);
+}
+
+// A plugin call that failed, while the case expects failures (the loop's fatal cells).
+struct NetFailure {
+  std::string what;
+  Result r;
+};
+bool g_errors_expected = false;
+
+void ok(Result r, const std::string& what) {
+  if (r == kSuccess) return;
+  if (g_errors_expected) throw NetFailure{what, r};
+  die(what + " returned " + std::to_string(r));
 }
 
 std::atomic<int> g_faults_logged{0};   // "test fault:" lines the plugin logged (applied faults)
@@ -150,6 +167,15 @@ std::string hex(const uint8_t* p, size_t n) {
   return s;
 }
 
+void unhex(const std::string& h, uint8_t* out) {
+  check(h.size() == 2 * kHandleMaxBytes, "a handle of the wrong length");
+  for (size_t i = 0; i < kHandleMaxBytes; i++) out[i] = static_cast<uint8_t>(std::stoi(h.substr(2 * i, 2), nullptr, 16));
+}
+
+double wall_s() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
 void publish(const std::string& name, const std::string& value) {
   const std::string path = g_dir + "/" + name, tmp = path + ".tmp" + std::to_string(getpid());
   {
@@ -192,7 +218,7 @@ Conn connect_ring(const std::string& tag) {
   publish("handle." + tag + "." + std::to_string(g_rank), hex(handle, sizeof handle));
   const std::string peer_hex = fetch("handle." + tag + "." + std::to_string((g_rank + 1) % g_world));
   uint8_t peer[kHandleMaxBytes];
-  for (size_t i = 0; i < sizeof peer; i++) peer[i] = static_cast<uint8_t>(std::stoi(peer_hex.substr(2 * i, 2), nullptr, 16));
+  unhex(peer_hex, peer);
   Conn c;
   const double until = now_s() + g_timeout_s;
   int calls = 0;
@@ -208,6 +234,42 @@ Conn connect_ring(const std::string& tag) {
   }
   check(net.d().close_listen(lc) == kSuccess, "closeListen");
   return c;
+}
+
+// A connection to and from every other rank, named `tag` (an all-to-all's: NCCL's p2p connects
+// these): one listen per peer, so that accept on it yields that peer's connection; conns[me]
+// stays empty.
+std::vector<Conn> connect_mesh(const std::string& tag) {
+  std::vector<Conn> conns(g_world);
+  std::vector<void*> lcs(g_world, nullptr);
+  std::vector<std::vector<uint8_t>> peer(g_world, std::vector<uint8_t>(kHandleMaxBytes));
+  for (int p = 0; p < g_world; p++) {
+    if (p == g_rank) continue;
+    uint8_t handle[kHandleMaxBytes];
+    std::memset(handle, 0xcc, sizeof handle);
+    net.listen(handle, &lcs[p]);
+    publish("handle." + tag + "." + std::to_string(p) + "to" + std::to_string(g_rank), hex(handle, sizeof handle));
+  }
+  for (int p = 0; p < g_world; p++)
+    if (p != g_rank) unhex(fetch("handle." + tag + "." + std::to_string(g_rank) + "to" + std::to_string(p)), peer[p].data());
+  const double until = now_s() + g_timeout_s;
+  for (bool all = false; !all;) {
+    all = true;
+    for (int p = 0; p < g_world; p++) {
+      if (p == g_rank) continue;
+      if (!conns[p].send) check(net.connect_once(peer[p].data(), &conns[p].send) == kSuccess, "connect failed");
+      if (!conns[p].recv) {
+        DeviceHandle* dh = nullptr;
+        check(net.d().accept(lcs[p], &conns[p].recv, &dh) == kSuccess, "accept failed");
+      }
+      all = all && conns[p].send && conns[p].recv;
+    }
+    check(now_s() < until, "the mesh's connect/accept not done within the timeout");
+    if (!all) std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  for (int p = 0; p < g_world; p++)
+    if (p != g_rank) check(net.d().close_listen(lcs[p]) == kSuccess, "closeListen");
+  return conns;
 }
 
 void close_conn(Conn& c) {
@@ -428,65 +490,69 @@ void case_p2p(uint64_t seed) {
 // A ring all-reduce (reduce-scatter, then all-gather) and an all-gather of `count` uint32 per
 // rank, moved the way NCCL's SIMPLE protocol moves them: every step through one of 8
 // registered slots of `slot_bytes`. uint32 sums wrap, so the result is exact in any order.
-void case_ring(uint64_t seed) {
-  net.init();
-  Conn c = connect_ring("ring");
-  const size_t count = 1 << 20;   // 4 MiB per rank
-  const int P = g_world;
-  auto value = [&](int rank, size_t i) { return static_cast<uint32_t>(seed * 2654435761u + rank * 40503u + i * 2246822519u); };
-  std::vector<uint32_t> data(count);
-  for (size_t i = 0; i < count; i++) data[i] = value(g_rank, i);
-  const size_t chunk = (count + P - 1) / P;
-  auto lo = [&](int k) { return std::min(count, static_cast<size_t>(k) * chunk); };
-  auto hi = [&](int k) { return std::min(count, static_cast<size_t>(k + 1) * chunk); };
-  const size_t slot_bytes = 256 << 10, slot_elems = slot_bytes / 4;
-  const int slots = 8;
-  std::vector<std::vector<uint32_t>> sbuf(slots, std::vector<uint32_t>(slot_elems)), rbuf(slots, std::vector<uint32_t>(slot_elems));
-  std::vector<void*> smh(slots), rmh(slots);
-  for (int s = 0; s < slots; s++) {
-    check(net.d().reg_mr(c.send, sbuf[s].data(), slot_bytes, kPtrHost, &smh[s]) == kSuccess, "regMr");
-    check(net.d().reg_mr(c.recv, rbuf[s].data(), slot_bytes, kPtrHost, &rmh[s]) == kSuccess, "regMr");
-  }
-  // One ring step: send [src) of this rank's vector, receive into the peer's chunk and apply.
+struct Ring {
+  static constexpr size_t kSlotBytes = 256 << 10, kSlotElems = kSlotBytes / 4;
+  static constexpr int kSlots = 8;
+  Conn c;
+  size_t count;
+  std::vector<std::vector<uint32_t>> sbuf, rbuf;
+  std::vector<void*> smh, rmh;
   uint64_t step_no = 0;
-  auto step = [&](size_t send_lo, size_t send_hi, size_t recv_lo, size_t recv_hi, bool reduce, std::vector<uint32_t>& vec) {
+
+  Ring(Conn conn, size_t n)
+      : c(conn), count(n), sbuf(kSlots, std::vector<uint32_t>(kSlotElems)), rbuf(kSlots, std::vector<uint32_t>(kSlotElems)),
+        smh(kSlots), rmh(kSlots) {
+    for (int s = 0; s < kSlots; s++) {
+      ok(net.d().reg_mr(c.send, sbuf[s].data(), kSlotBytes, kPtrHost, &smh[s]), "regMr");
+      ok(net.d().reg_mr(c.recv, rbuf[s].data(), kSlotBytes, kPtrHost, &rmh[s]), "regMr");
+    }
+  }
+  void release() {
+    for (int s = 0; s < kSlots; s++) {
+      net.d().dereg_mr(c.send, smh[s]);
+      net.d().dereg_mr(c.recv, rmh[s]);
+    }
+  }
+
+  // One ring step: send [send_lo, send_hi) of vec, receive [recv_lo, recv_hi) and apply.
+  void step(size_t send_lo, size_t send_hi, size_t recv_lo, size_t recv_hi, bool reduce, std::vector<uint32_t>& vec) {
     const size_t sn = send_hi - send_lo, rn = recv_hi - recv_lo;
-    const size_t spieces = (sn + slot_elems - 1) / slot_elems, rpieces = (rn + slot_elems - 1) / slot_elems;
+    const size_t spieces = (sn + kSlotElems - 1) / kSlotElems, rpieces = (rn + kSlotElems - 1) / kSlotElems;
     size_t sp = 0, sd = 0, rp = 0, rd = 0;
-    std::vector<void*> sreq(slots), rreq(slots);
+    std::vector<void*> sreq(kSlots), rreq(kSlots);
     const double until = now_s() + g_timeout_s;
     while (sd < spieces || rd < rpieces) {
       check(now_s() < until, "ring step " + std::to_string(step_no) + " not done within the timeout");
-      if (sp < spieces && sp - sd < static_cast<size_t>(slots)) {
-        const int s = static_cast<int>((step_no * 64 + sp) % slots);
-        const size_t a = send_lo + sp * slot_elems, b = std::min(send_hi, a + slot_elems);
+      if (sp < spieces && sp - sd < static_cast<size_t>(kSlots)) {
+        const int s = static_cast<int>((step_no * 64 + sp) % kSlots);
+        const size_t a = send_lo + sp * kSlotElems, b = std::min(send_hi, a + kSlotElems);
         std::memcpy(sbuf[s].data(), vec.data() + a, (b - a) * 4);
         void* req = nullptr;
-        check(net.d().isend(c.send, sbuf[s].data(), (b - a) * 4, g_rank, smh[s], nullptr, &req) == kSuccess, "isend");
+        ok(net.d().isend(c.send, sbuf[s].data(), (b - a) * 4, g_rank, smh[s], nullptr, &req), "isend");
         if (req) sreq[s] = req, sp++;
       }
-      if (rp < rpieces && rp - rd < static_cast<size_t>(slots)) {
-        const int s = static_cast<int>((step_no * 64 + rp) % slots);
+      if (rp < rpieces && rp - rd < static_cast<size_t>(kSlots)) {
+        const int s = static_cast<int>((step_no * 64 + rp) % kSlots);
         void* d = rbuf[s].data();
-        size_t size = slot_bytes;
+        size_t size = kSlotBytes;
         int tag = 0;
         void* req = nullptr;
-        check(net.d().irecv(c.recv, 1, &d, &size, &tag, &rmh[s], nullptr, &req) == kSuccess, "irecv");
+        ok(net.d().irecv(c.recv, 1, &d, &size, &tag, &rmh[s], nullptr, &req), "irecv");
         if (req) rreq[s] = req, rp++;
       }
       if (sd < sp) {
         int done = 0, size = 0;
-        const int s = static_cast<int>((step_no * 64 + sd) % slots);
-        check(net.d().test(sreq[s], &done, &size) == kSuccess, "test");
+        const int s = static_cast<int>((step_no * 64 + sd) % kSlots);
+        ok(net.d().test(sreq[s], &done, &size), "test(send)");
         if (done) sd++;
       }
       if (rd < rp) {
         int done = 0;
         int got[kTestSizes] = {};
-        const int s = static_cast<int>((step_no * 64 + rd) % slots);
-        check(net.d().test(rreq[s], &done, got) == kSuccess, "test");
+        const int s = static_cast<int>((step_no * 64 + rd) % kSlots);
+        ok(net.d().test(rreq[s], &done, got), "test(recv)");
         if (done) {
-          const size_t a = recv_lo + rd * slot_elems, b = std::min(recv_hi, a + slot_elems);
+          const size_t a = recv_lo + rd * kSlotElems, b = std::min(recv_hi, a + kSlotElems);
           check(got[0] == static_cast<int>((b - a) * 4), "a ring piece of the wrong size");
           for (size_t i = a; i < b; i++) vec[i] = reduce ? vec[i] + rbuf[s][i - a] : rbuf[s][i - a];
           rd++;
@@ -494,41 +560,233 @@ void case_ring(uint64_t seed) {
       }
     }
     step_no++;
-  };
-  // All-reduce: P-1 reduce-scatter steps, P-1 all-gather steps.
-  std::vector<uint32_t> ar = data;
-  for (int k = 0; k < P - 1; k++) {
-    const int sc = (g_rank - k + P) % P, rc = (g_rank - k - 1 + P) % P;
-    step(lo(sc), hi(sc), lo(rc), hi(rc), true, ar);
   }
-  for (int k = 0; k < P - 1; k++) {
-    const int sc = (g_rank + 1 - k + P) % P, rc = (g_rank - k + P) % P;
-    step(lo(sc), hi(sc), lo(rc), hi(rc), false, ar);
+
+  static uint32_t value(uint64_t seed, int rank, size_t i) {
+    return static_cast<uint32_t>(seed * 2654435761u + rank * 40503u + i * 2246822519u);
   }
-  for (size_t i = 0; i < count; i++) {
-    uint32_t want = 0;
-    for (int r = 0; r < P; r++) want += value(r, i);
-    if (ar[i] != want) die("all-reduce element " + std::to_string(i) + " differs");
+
+  // The all-reduce and the all-gather of this seed's data, each checked element by element
+  // against the sums and values every rank can compute; returns the bytes checked.
+  uint64_t run(uint64_t seed) {
+    const int P = g_world;
+    std::vector<uint32_t> data(count);
+    for (size_t i = 0; i < count; i++) data[i] = value(seed, g_rank, i);
+    const size_t chunk = (count + P - 1) / P;
+    auto lo = [&](int k) { return std::min(count, static_cast<size_t>(k) * chunk); };
+    auto hi = [&](int k) { return std::min(count, static_cast<size_t>(k + 1) * chunk); };
+    // All-reduce: P-1 reduce-scatter steps, P-1 all-gather steps.
+    std::vector<uint32_t> ar = data;
+    for (int k = 0; k < P - 1; k++) {
+      const int sc = (g_rank - k + P) % P, rc = (g_rank - k - 1 + P) % P;
+      step(lo(sc), hi(sc), lo(rc), hi(rc), true, ar);
+    }
+    for (int k = 0; k < P - 1; k++) {
+      const int sc = (g_rank + 1 - k + P) % P, rc = (g_rank - k + P) % P;
+      step(lo(sc), hi(sc), lo(rc), hi(rc), false, ar);
+    }
+    for (size_t i = 0; i < count; i++) {
+      uint32_t want = 0;
+      for (int r = 0; r < P; r++) want += value(seed, r, i);
+      if (ar[i] != want) die("all-reduce (seed " + std::to_string(seed) + ") element " + std::to_string(i) + " differs");
+    }
+    // All-gather: each rank's first `chunk` elements end up everywhere, in rank order.
+    std::vector<uint32_t> ag(chunk * P);
+    for (size_t i = 0; i < chunk; i++) ag[g_rank * chunk + i] = data[i];
+    for (int k = 0; k < P - 1; k++) {
+      const int sc = (g_rank - k + P) % P, rc = (g_rank - k - 1 + P) % P;
+      step(sc * chunk, (sc + 1) * chunk, rc * chunk, (rc + 1) * chunk, false, ag);
+    }
+    for (int r = 0; r < P; r++)
+      for (size_t i = 0; i < chunk; i++)
+        if (ag[r * chunk + i] != value(seed, r, i))
+          die("all-gather (seed " + std::to_string(seed) + ") element " + std::to_string(r) + ":" + std::to_string(i) +
+              " differs");
+    return 4 * (count + chunk * P);
   }
-  // All-gather: each rank's first `chunk` elements end up everywhere, in rank order.
-  std::vector<uint32_t> ag(chunk * P);
-  for (size_t i = 0; i < chunk; i++) ag[g_rank * chunk + i] = data[i];
-  for (int k = 0; k < P - 1; k++) {
-    const int sc = (g_rank - k + P) % P, rc = (g_rank - k - 1 + P) % P;
-    step(sc * chunk, (sc + 1) * chunk, rc * chunk, (rc + 1) * chunk, false, ag);
+};
+
+
+// An all-to-all of `bytes` per pair over connect_mesh's connections: every rank posts its
+// sends to and receives from every peer at once (so every rank always waits on every peer,
+// the dead one included), 4 slots of 256 KiB per direction and peer, each piece checked.
+struct Mesh {
+  static constexpr size_t kSlotBytes = 256 << 10;
+  static constexpr int kSlots = 4;
+  std::vector<Conn> c;
+  size_t bytes;
+  std::vector<std::vector<std::vector<uint8_t>>> sbuf, rbuf;   // [peer][slot]
+  std::vector<std::vector<void*>> smh, rmh;
+
+  Mesh(std::vector<Conn> conns, size_t n) : c(std::move(conns)), bytes(n), sbuf(g_world), rbuf(g_world), smh(g_world), rmh(g_world) {
+    for (int p = 0; p < g_world; p++) {
+      if (p == g_rank) continue;
+      sbuf[p].assign(kSlots, std::vector<uint8_t>(kSlotBytes));
+      rbuf[p].assign(kSlots, std::vector<uint8_t>(kSlotBytes));
+      smh[p].resize(kSlots);
+      rmh[p].resize(kSlots);
+      for (int s = 0; s < kSlots; s++) {
+        ok(net.d().reg_mr(c[p].send, sbuf[p][s].data(), kSlotBytes, kPtrHost, &smh[p][s]), "regMr");
+        ok(net.d().reg_mr(c[p].recv, rbuf[p][s].data(), kSlotBytes, kPtrHost, &rmh[p][s]), "regMr");
+      }
+    }
   }
-  for (int r = 0; r < P; r++)
-    for (size_t i = 0; i < chunk; i++)
-      if (ag[r * chunk + i] != value(r, i)) die("all-gather element " + std::to_string(r) + ":" + std::to_string(i) + " differs");
-  for (int s = 0; s < slots; s++) {
-    net.d().dereg_mr(c.send, smh[s]);
-    net.d().dereg_mr(c.recv, rmh[s]);
+  void release() {
+    for (int p = 0; p < g_world; p++)
+      for (size_t s = 0; s < smh[p].size(); s++) {
+        net.d().dereg_mr(c[p].send, smh[p][s]);
+        net.d().dereg_mr(c[p].recv, rmh[p][s]);
+      }
   }
+  void close() {
+    for (int p = 0; p < g_world; p++)
+      if (p != g_rank) close_conn(c[p]);
+  }
+  // Piece k from `from` to `to` in iteration `it`.
+  static uint64_t msg(uint64_t it, int from, int to, uint64_t k) { return ((it * 64 + from) * 64 + to) * 4096 + k; }
+
+  uint64_t run(uint64_t it) {
+    const uint64_t pieces = (bytes + kSlotBytes - 1) / kSlotBytes;
+    auto len = [&](uint64_t k) { return static_cast<size_t>(std::min<uint64_t>(kSlotBytes, bytes - k * kSlotBytes)); };
+    struct Side {
+      uint64_t posted = 0, done = 0;
+      std::vector<void*> req = std::vector<void*>(kSlots);
+    };
+    std::vector<Side> snd(g_world), rcv(g_world);
+    uint64_t checked = 0;
+    const double until = now_s() + g_timeout_s;
+    for (bool all = false; !all;) {
+      check(now_s() < until, "all-to-all " + std::to_string(it) + " not done within the timeout");
+      all = true;
+      for (int p = 0; p < g_world; p++) {
+        if (p == g_rank) continue;
+        Side& S = snd[p];
+        Side& R = rcv[p];
+        if (S.posted < pieces && S.posted - S.done < static_cast<uint64_t>(kSlots)) {
+          const int s = static_cast<int>(S.posted % kSlots);
+          const size_t n = len(S.posted);
+          const uint64_t m = msg(it, g_rank, p, S.posted);
+          for (size_t i = 0; i < n; i++) sbuf[p][s][i] = pattern(g_rank, m, i);
+          void* r = nullptr;
+          ok(net.d().isend(c[p].send, sbuf[p][s].data(), n, g_rank, smh[p][s], nullptr, &r), "isend");
+          if (r) S.req[s] = r, S.posted++;
+        }
+        if (R.posted < pieces && R.posted - R.done < static_cast<uint64_t>(kSlots)) {
+          const int s = static_cast<int>(R.posted % kSlots);
+          void* d = rbuf[p][s].data();
+          size_t size = kSlotBytes;
+          int tag = 0;
+          void* r = nullptr;
+          ok(net.d().irecv(c[p].recv, 1, &d, &size, &tag, &rmh[p][s], nullptr, &r), "irecv");
+          if (r) R.req[s] = r, R.posted++;
+        }
+        if (S.done < S.posted) {
+          int done = 0, size = 0;
+          ok(net.d().test(S.req[S.done % kSlots], &done, &size), "test(send)");
+          if (done) S.done++;
+        }
+        if (R.done < R.posted) {
+          int done = 0;
+          int got[kTestSizes] = {};
+          const int s = static_cast<int>(R.done % kSlots);
+          ok(net.d().test(R.req[s], &done, got), "test(recv)");
+          if (done) {
+            const size_t n = len(R.done);
+            const uint64_t m = msg(it, p, g_rank, R.done);
+            check(got[0] == static_cast<int>(n), "an all-to-all piece of the wrong size");
+            for (size_t i = 0; i < n; i++)
+              if (rbuf[p][s][i] != pattern(p, m, i))
+                die("all-to-all " + std::to_string(it) + ": piece " + std::to_string(R.done) + " from rank " +
+                    std::to_string(p) + " byte " + std::to_string(i) + " differs");
+            checked += n;
+            R.done++;
+          }
+        }
+        all = all && S.done == pieces && R.done == pieces;
+      }
+    }
+    return checked;
+  }
+};
+
+void case_ring(uint64_t seed) {
+  net.init();
+  Ring ring(connect_ring("ring"), 1 << 20);   // 4 MiB per rank
+  ring.run(seed);
+  ring.release();
   barrier("ring-done");
-  close_conn(c);
+  close_conn(ring.c);
   net.finalize();
   std::printf("harness: ring rank %d: ok (all-reduce and all-gather of %zu uint32 per rank over %d ranks, bit-exact)\n",
-              g_rank, count, P);
+              g_rank, ring.count, g_world);
+}
+
+// --case loop: the ring's all-reduce and all-gather (--collective ring), an all-to-all over
+// connections to every rank (alltoall) or both, over and over for --seconds, every iteration
+// checked bit for bit; rank 0 decides after each iteration whether another follows, so all
+// stop together. Publishes its pid (pid.R) and, on rank 0, when the loop starts
+// (loop-started: the wall clock), for a test that injects faults from outside (the test bed's
+// NICs, a signal). Prints the iterations, the median and the worst iteration time.
+// --expect-error (the fatal cells; all-to-all only, so that every rank always has a request
+// on the victim's connections): the loop runs until a plugin call returns an error, prints
+// the wall clock of that moment, closes every connection (timed: close after an error must
+// not hang) and passes; no error by --seconds fails.
+void case_loop(uint64_t seed, double seconds, const std::string& coll, bool expect_error, uint64_t bytes) {
+  check(coll == "ring" || coll == "alltoall" || coll == "both", "--collective ring, alltoall or both");
+  check(!expect_error || coll == "alltoall", "--expect-error runs the all-to-all only");
+  publish("pid." + std::to_string(g_rank), std::to_string(getpid()));
+  net.init();
+  std::unique_ptr<Ring> ring;
+  std::unique_ptr<Mesh> mesh;
+  if (coll != "alltoall") ring = std::make_unique<Ring>(connect_ring("loop"), bytes / 4);
+  if (coll != "ring") mesh = std::make_unique<Mesh>(connect_mesh("loop-a2a"), bytes / g_world);
+  barrier("loop-ready");
+  g_errors_expected = expect_error;
+  if (g_rank == 0) publish("loop-started", std::to_string(wall_s()));
+  const double start = now_s();
+  std::vector<double> times;
+  uint64_t checked = 0;
+  for (int it = 0;; it++) {
+    const double a = now_s();
+    try {
+      if (ring) checked += ring->run(seed + it);
+      if (mesh) checked += mesh->run(seed + it);
+    } catch (const NetFailure& f) {
+      const double at = wall_s();
+      g_errors_expected = false;
+      if (ring) ring->release();
+      if (mesh) mesh->release();
+      const double c0 = now_s();
+      if (ring) close_conn(ring->c);
+      if (mesh) mesh->close();
+      const double closed = now_s() - c0;
+      net.finalize();
+      std::printf("harness: loop rank %d: ok (the expected error: %s returned %d in iteration %d at wall %.3f; "
+                  "%d exact iterations before it, %" PRIu64 " bytes; closed in %.3f s)\n",
+                  g_rank, f.what.c_str(), static_cast<int>(f.r), it, at, it, checked, closed);
+      return;
+    }
+    times.push_back(now_s() - a);
+    if (expect_error) {
+      check(now_s() - start < seconds, "no error within " + std::to_string(seconds) + " s (" + std::to_string(it + 1) +
+                                           " exact iterations)");
+      continue;
+    }
+    if (g_rank == 0) publish("continue." + std::to_string(it), now_s() - start < seconds ? "1" : "0");
+    if (fetch("continue." + std::to_string(it)) == "0") break;
+  }
+  const double ran = now_s() - start;
+  if (ring) ring->release();
+  if (mesh) mesh->release();
+  barrier("loop-done");
+  if (ring) close_conn(ring->c);
+  if (mesh) mesh->close();
+  net.finalize();
+  std::vector<double> sorted = times;
+  std::sort(sorted.begin(), sorted.end());
+  std::printf("harness: loop rank %d: ok (%zu iterations of %s in %.2f s, every one bit-exact, %" PRIu64
+              " bytes; median %.1f ms, worst %.1f ms)\n",
+              g_rank, times.size(), coll.c_str(), ran, checked, sorted[sorted.size() / 2] * 1e3, sorted.back() * 1e3);
 }
 
 // connect/accept of new connections on a service thread while a progress thread moves data on
@@ -811,6 +1069,10 @@ int main(int argc, char** argv) {
   std::string which;
   uint64_t seed = 1, bytes = 256ull << 20;
   size_t slot = 512 << 10;
+  double seconds = 3;
+  std::string collective = "both";
+  bool expect_error = false;
+  uint64_t loop_bytes = 4 << 20;
   for (int i = 1; i < argc; i++) {
     std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -827,6 +1089,10 @@ int main(int argc, char** argv) {
     else if (a == "--timeout") g_timeout_s = std::stod(next());
     else if (a == "--bytes") bytes = std::stoull(next());
     else if (a == "--slot") slot = std::stoull(next());
+    else if (a == "--seconds") seconds = std::stod(next());
+    else if (a == "--collective") collective = next();
+    else if (a == "--expect-error") expect_error = true;
+    else if (a == "--loop-bytes") loop_bytes = std::stoull(next());
     else die("unknown argument " + a);
   }
   check(!g_plugin.empty() && !g_dir.empty() && g_world >= 2 && g_rank >= 0 && g_rank < g_world, "usage: --plugin SO --dir D --rank R --world W --case C");
@@ -841,6 +1107,7 @@ int main(int argc, char** argv) {
   else if (which == "faults") case_faults(seed);
   else if (which == "fatal") case_fatal(seed);
   else if (which == "bandwidth") case_bandwidth(bytes, slot);
+  else if (which == "loop") case_loop(seed, seconds, collective, expect_error, loop_bytes);
   else die("unknown case " + which);
   net.close();
   std::fflush(stdout);
