@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from harness import run_ranks_vm
+from test_nccl_plugin import plugin  # noqa: F401  (the fixture: builds the plugin and its harness)
 from jax_r2ccl.tools import testbed_vm as vm
 
 NICS = [["198.18.0.1", "198.18.1.1"], ["198.18.0.2", "198.18.1.2"]]
@@ -349,3 +350,42 @@ def test_matrix_killed_peer_over_verbs_is_an_error_within_the_timeout(bed):
         assert x["wrong"] == 0 and x["error"] and x["cause"] in ("peer_gone", "all_rails_down", "timeout"), (kind, x)
         assert x["after_s"] <= timeout + 2.0, (kind, x)
         print(f"verbs kill {kind} 1 MiB: {x['cause']} after {x['after_s']:.2f} s")
+
+
+def test_the_nccl_plugin_over_verbs_rails_survives_a_nic_cut_mid_stream_bit_exact(bed, plugin):
+    """The NCCL net plugin (csrc/nccl/) in the guests, its connections' rails RC queue pairs
+    (R2CCL_TRANSPORT=ibverbs: no socket fallback): the conformance harness's loop (the ring
+    all-reduce and all-gather plus an all-to-all, every iteration checked bit for bit) while
+    guest 0's NIC 1 is cut from outside and healed; test() never returns an error."""
+    import re
+    import time
+    import uuid
+    so, harness = plugin
+    tag = f"nccl-{uuid.uuid4().hex[:12]}"
+    host_dir = os.path.join(vm.common_dir(), tag)
+    os.makedirs(host_dir)
+    env = {"R2CCL_TRANSPORT": "ibverbs", "R2CCL_TIMEOUT": str(VERBS["timeout_s"]),
+           "R2CCL_HEARTBEAT_MS": str(GUEST_TIMERS["heartbeat_ms"]), "R2CCL_STALL_MS": str(GUEST_TIMERS["stall_ms"])}
+    ids = []
+    for g in (0, 1):
+        envs = " ".join(f"{k}={v}" for k, v in {**env, "R2CCL_NICS": ",".join(NICS[g])}.items())
+        ids.append(vm.submit(g, f"{envs} {harness} --plugin {so} --dir {vm.GUEST_COMMON}/{tag} --rank {g} --world 2 "
+                                f"--case loop --collective both --loop-bytes {1 << 20} --seconds 10 --timeout 120", 240))
+    deadline = time.monotonic() + 120
+    while not os.path.exists(os.path.join(host_dir, "loop-started")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    started = os.path.exists(os.path.join(host_dir, "loop-started"))
+    if started:
+        time.sleep(1.0)
+        vm.fail(0, 1)
+        time.sleep(4.0)
+        vm.heal(0, 1)
+    outs = [vm.wait(g, ids[g], 240) for g in (0, 1)]
+    assert started, outs
+    for g, (rc, out) in enumerate(outs):
+        assert rc == 0 and f"harness: loop rank {g}: ok" in out, (g, rc, out[-4000:])
+        print(re.search(r"harness: loop rank \d: ok .*", out).group(0))
+    # The cut landed: guest 0's rail 1 failed, and the rails were verbs (no socket fallback).
+    m = re.search(r"NET/r2ccl: rail 1 to NCCL .* failed: .*", outs[0][1])
+    assert m, outs[0][1][-4000:]
+    print(m.group(0))
