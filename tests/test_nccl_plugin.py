@@ -125,3 +125,30 @@ def test_the_bandwidth_case_streams_exact_pieces_and_times_a_round_trip(plugin, 
     """The case bench/testbed_nccl.sh times on the test bed (no speed is judged here)."""
     outs = run_harness(plugin, tmp_path, "bandwidth", 2, extra=("--bytes", str(16 << 20)))
     assert all(" BW " in o and " RTT " in o for o in outs), outs
+
+
+# Per-NIC devices (R2CCL_NCCL_DEVICES=nic): one device per NIC, the connection's own NIC its
+# primary rail and the others backups (docs/design.md §12). Loopback cannot show where the
+# bytes went (both NICs are lo): tests/test_nccl_plugin_testbed.py reads the test bed's NIC
+# counters; here every byte is checked through the same cases.
+PER_NIC = {"R2CCL_NCCL_DEVICES": "nic"}
+
+
+@pytest.mark.parametrize("table", [10, 12])
+def test_per_nic_devices_report_one_device_per_nic_each_its_own(plugin, tmp_path, table):
+    run_harness(plugin, tmp_path, "properties", 2, table=table, env=PER_NIC, extra=("--devices", "2"))
+
+
+def test_per_nic_devices_move_exact_bytes_on_either_device(plugin, tmp_path):
+    for dev in (0, 1):
+        d = tmp_path / f"dev{dev}"
+        d.mkdir()
+        run_harness(plugin, d, "ring", 4, env=PER_NIC, seed=dev, extra=("--dev", str(dev)))
+
+
+def test_per_nic_device_survives_its_own_nic_failing_onto_the_backup_exactly(plugin, tmp_path):
+    """Device 1: its primary rail is NIC 1's. The fault schedule closes rail 1 (the primary),
+    stalls rail 0 (the backup) while the primary is healed, then declares NIC 1 down: the
+    backup carries everything, then the primary again; test() never fails, every byte exact."""
+    outs = run_harness(plugin, tmp_path, "faults", 2, env=PER_NIC, seed=3, timeout=180, extra=("--dev", "1"))
+    assert "ok (6 faults" in outs[0], outs[0][-3000:]

@@ -54,10 +54,10 @@ def bed():
 class Job:
     """`world` harness processes of the loop case, process i as test-bed host i."""
 
-    def __init__(self, plugin, tmp_path, world, timeout_s, args):
+    def __init__(self, plugin, tmp_path, world, timeout_s, args, env=None):
         so, harness = plugin
         self.dir, self.world = tmp_path, world
-        env = dict(os.environ, R2CCL_NICS=",".join(NICS), R2CCL_TIMEOUT=str(timeout_s), **TIMERS)
+        env = dict(os.environ, R2CCL_NICS=",".join(NICS), R2CCL_TIMEOUT=str(timeout_s), **TIMERS, **(env or {}))
         self.logs = [open(tmp_path / f"out.{r}", "w+") for r in range(world)]
         self.procs = [subprocess.Popen(
             [*hosts(world)[r], harness, "--plugin", so, "--dir", str(tmp_path), "--rank", str(r), "--world", str(world),
@@ -171,3 +171,57 @@ def test_fatal_fault_through_the_plugin_is_an_error_on_every_survivor_in_time(be
         print(f"plugin cell {fault} x {world} hosts: rank {r}: error {took:.2f} s after the fault, closed in {m.group(2)} s")
         # The text through NCCL's logger names the cause.
         assert re.search(r"NET/r2ccl: (send|receive) on NCCL connection \d+ failed \((peer_gone|all_rails_down)\)", out), out[-3000:]
+
+
+def _tx_bytes(host: int) -> list[int]:
+    """Bytes sent so far by each NIC of test-bed host `host` (the kernel's counters)."""
+    import json
+    out = subprocess.run(["ip", "-n", f"r4h{host}", "-j", "-s", "link", "show"], capture_output=True, text=True,
+                         check=True, timeout=30).stdout
+    by_name = {d["ifname"]: d["stats64"]["tx"]["bytes"] for d in json.loads(out)}
+    return [by_name[n] for n in NICS]
+
+
+def test_a_per_nic_device_keeps_its_traffic_on_its_nic_and_fails_over_to_the_backups(bed, plugin, tmp_path):
+    """R2CCL_NCCL_DEVICES=nic, both processes on device 2: the kernel's counters of host 0's
+    NICs show where the bytes went. Healthy: nic2 carries the connection (the other NICs only
+    heartbeats and acks); nic2 cut: the backups carry it, every iteration still exact; nic2
+    healed: back on nic2 (failback)."""
+    _restore(4)
+    world, dev = 2, 2
+    job = Job(plugin, tmp_path, world, SURVIVE_TIMEOUT_S,
+              ["--collective", "ring", "--loop-bytes", str(4 << 20), "--seconds", "6.5", "--dev", str(dev)],
+              env={"R2CCL_NCCL_DEVICES": "nic"})
+    phases = {}
+    try:
+        t0 = job.started()
+
+        def at(s):
+            time.sleep(max(0.0, t0 + s - time.monotonic()))
+
+        at(0.3)
+        a = _tx_bytes(0)
+        at(1.8)
+        phases["healthy"] = [x - y for x, y in zip(_tx_bytes(0), a)]
+        assert _sh(testbed.command_line("fail", 0, dev)) == 0
+        at(2.3)
+        a = _tx_bytes(0)
+        at(3.8)
+        phases["nic2 down"] = [x - y for x, y in zip(_tx_bytes(0), a)]
+        assert _sh(testbed.command_line("heal", 0, dev)) == 0
+        at(5.0)
+        a = _tx_bytes(0)
+        at(6.3)
+        phases["healed"] = [x - y for x, y in zip(_tx_bytes(0), a)]
+        job.wait(range(world))
+    finally:
+        job.kill_all()
+        _restore(4)
+    for r in range(world):
+        assert job.procs[r].returncode == 0 and f"harness: loop rank {r}: ok" in job.out(r), job.text()
+    for name, tx in phases.items():
+        print(f"per-NIC device {dev}, {name}: host 0 sent " + ", ".join(f"nic{k} {b / 1e6:.1f} MB" for k, b in enumerate(tx)))
+    total = {k: sum(v) for k, v in phases.items()}
+    assert phases["healthy"][dev] >= 0.95 * total["healthy"], phases
+    assert phases["nic2 down"][dev] <= 0.01 * total["nic2 down"] and total["nic2 down"] > 5e6, phases
+    assert phases["healed"][dev] >= 0.95 * total["healed"], phases

@@ -20,6 +20,9 @@ std::string Config::validate() const {
   known = false;
   for (const char* a : kNicAffinityNames) known = known || nic_affinity == a;
   if (!known) return "R2CCL_NIC_AFFINITY='" + nic_affinity + "': use auto or off";
+  known = false;
+  for (const char* d : kNcclDevicesNames) known = known || nccl_devices == d;
+  if (!known) return bad("R2CCL_NCCL_DEVICES", "must be auto, fused or nic (got '" + nccl_devices + "')");
   if (ib_timeout < 1 || ib_timeout > 31) return bad("R2CCL_IB_TIMEOUT", "must be 1..31");
   if (ib_retry_count < 0 || ib_retry_count > 7) return bad("R2CCL_IB_RETRY_COUNT", "must be 0..7");
   if (ib_gid_index < -1 || ib_gid_index > 255) return bad("R2CCL_IB_GID_INDEX", "must be -1 (auto) or 0..255");

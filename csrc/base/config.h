@@ -51,9 +51,16 @@ inline constexpr const char* kTransportNames[] = {"socket", "ibverbs", "auto"};
 // R2CCL_NIC_AFFINITY's values.
 inline constexpr const char* kNicAffinityNames[] = {"auto", "off"};
 
+// R2CCL_NCCL_DEVICES's values: the devices the NCCL net plugin shows NCCL. fused: one device
+// striped over every NIC; nic: one device per NIC, its connections' other rails backups;
+// auto: nic where there are >= 2 NICs and each has a PCI device (NCCL places GPUs on the
+// NICs nearest them), else fused.
+inline constexpr const char* kNcclDevicesNames[] = {"auto", "fused", "nic"};
+
 struct Config {
   std::string nics;                          // R2CCL_NICS: NICs to stripe over (empty: every interface that is up)
   std::string nic_affinity = "auto";         // R2CCL_NIC_AFFINITY: default NICs nearest the GPUs first (kNicAffinityNames)
+  std::string nccl_devices = "auto";         // R2CCL_NCCL_DEVICES: the NCCL plugin's devices (kNcclDevicesNames)
   uint64_t chunk_bytes = 256 << 10;          // R2CCL_CHUNK_BYTES: largest payload per data frame
   uint64_t rail_window_bytes = 4 << 20;      // R2CCL_RAIL_WINDOW_BYTES: most unacked bytes one rail may hold
   int rail_queue_ms = 10;                    // R2CCL_RAIL_QUEUE_MS: a rail's window = its bandwidth x this (+ its RTT)

@@ -42,6 +42,11 @@ std::vector<Setting> build_table() {
        std::string() + "Order of the default NICs. auto: nearest first (PCIe distance) to this process's GPUs "
        "(rail 0 = nearest; collectives still stripe over all of them); off: interface order. An "
        "explicit R2CCL_NICS is used exactly as given."},
+      {"R2CCL_NCCL_DEVICES", "nccl_devices", SettingKind::kString, &Config::nccl_devices,
+       std::string() + "The NCCL net plugin's devices. nic: one per NIC (its pciPath and speed; NCCL gives each "
+       "GPU the nearest), each connection's own NIC its primary rail and the host's other NICs backups that "
+       "carry its traffic only while the primary is down; fused: one device striped over every NIC; auto: nic "
+       "where there are 2 or more NICs and each has a PCI device, else fused."},
       {"R2CCL_TRANSPORT", "transport", SettingKind::kString, &Config::transport,
        std::string() + "Transport per NIC: socket (TCP), ibverbs (RDMA verbs, RoCE or InfiniBand: every NIC must"
        " map to an ACTIVE RDMA port, else an error names it) or auto (ibverbs on the NICs that "

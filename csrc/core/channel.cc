@@ -347,14 +347,17 @@ void ChannelCore::pump(int64_t now) {
   // bandwidth (RailPace: about R2CCL_RAIL_QUEUE_MS of its own traffic), so when every rail is
   // window-bound (the sender outruns the network or the receiver) the split follows what
   // each rail delivers; a rail that cannot keep up is skipped rather than waited for, so it
-  // never sets the pace.
+  // never sets the pace. Standby rails (backups) take chunks only while no other rail is up.
+  bool primary_up = false;
+  for (auto& rp : ch.rails)
+    if (!rp->standby && rp->state == RailState::kUp && !rp->paused && rp->weight > 0) primary_up = true;
   for (;;) {
     Rail* best = nullptr;
     double best_vt = 0;
     for (auto& rp : ch.rails) {
       Rail& r = *rp;
       if (r.state != RailState::kUp || r.paused || r.cur.active || !r.ctrl.empty()) continue;
-      if (r.weight <= 0) continue;
+      if (r.weight <= 0 || (r.standby && primary_up)) continue;
       const uint64_t chunk = r.pace.chunk();
       if (r.inflight > 0 && r.inflight + chunk > r.pace.window()) continue;
       if (r.hold_until_ns > now) continue;
@@ -465,6 +468,11 @@ void ChannelCore::on_ack(uint64_t first, uint64_t last, int64_t now) {
 
 void ChannelCore::set_weight(int rail, double w, int64_t now) {
   ch.rails[static_cast<size_t>(rail)]->weight = w;
+  pump(now);
+}
+
+void ChannelCore::set_standby(int rail, bool standby, int64_t now) {
+  ch.rails[static_cast<size_t>(rail)]->standby = standby;
   pump(now);
 }
 

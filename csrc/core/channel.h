@@ -81,6 +81,7 @@ struct Rail {
   bool paused = false;             // the transport neither reads nor writes it (injected stall)
   int64_t hold_until_ns = 0;       // the transport can take no frame before (rate cap)
   double weight = 1.0;             // the health monitor's seam (set_rail_weight)
+  bool standby = false;            // a backup: dealt chunks only while no other rail is up (set_rail_standby)
   double vtime = 0;                // weighted-fair dealing of chunks
 
   TxFrame cur;
@@ -256,6 +257,7 @@ class ChannelCore {
   void submit(const std::shared_ptr<Request>& req, int64_t now);
   void cancel(const std::shared_ptr<Request>& req, Cause cause, const std::string& why, int64_t now);
   void set_weight(int rail, double w, int64_t now);
+  void set_standby(int rail, bool standby, int64_t now);
 
   // rails: the transport finished a handshake / lost a connection (or the channel decides to).
   void rail_up(int rail, int64_t now);

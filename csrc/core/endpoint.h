@@ -24,6 +24,7 @@ struct RailStats {
   RailState state = RailState::kDown;
   std::string transport;        // "socket" or "ibverbs": what carries this rail
   double weight = 1.0;
+  bool standby = false;         // a backup rail (set_rail_standby)
   uint64_t tx_bytes = 0, rx_bytes = 0;       // payload bytes written / applied
   uint64_t tx_chunks = 0, rx_chunks = 0;
   uint64_t acked_bytes = 0;                  // bytes the peer confirmed on this rail
@@ -130,6 +131,10 @@ class Endpoint : public std::enable_shared_from_this<Endpoint> {
   // The health monitor's seam: relative share of new chunks for a rail (0 = none). A rail's
   // in-flight window and its chunk size scale with weight / (largest weight of the channel).
   void set_rail_weight(int peer, int rail, double weight);
+  // A backup rail: it carries chunks only while none of the peer's other rails is up (the NCCL
+  // plugin's per-NIC devices: the device's own NIC is the primary, the host's other NICs are
+  // backups). Its heartbeats run as any rail's, so it is known healthy when it is needed.
+  void set_rail_standby(int peer, int rail, bool standby);
   // The health monitor's other seam: link state of local NIC `nic` (index into the NICs
   // given at construction). Down: every rail over it fails now (its unacknowledged chunks
   // move to other rails), each peer is told on a live rail so it fails its end too, and

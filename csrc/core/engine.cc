@@ -769,6 +769,7 @@ std::vector<RailStats> Engine::stats(int rank) {
       s.transport = rail_transport(r).name();
       s.state = r.state;
       s.weight = r.weight;
+      s.standby = r.standby;
       s.tx_bytes = r.tx_bytes;
       s.rx_bytes = r.rx_bytes;
       s.tx_chunks = r.tx_chunks;
@@ -904,6 +905,15 @@ void Engine::set_weight(int rank, int rail, double w) {
     if (rail < 0 || rail >= static_cast<int>(pr.links.size()))
       throw Error(Cause::kInvalidArgument, rank, "rail " + std::to_string(rail) + " does not exist");
     pr.core->set_weight(rail, w, now_ns());
+  });
+}
+
+void Engine::set_standby(int rank, int rail, bool standby) {
+  call([&] {
+    Peer& pr = *peer(rank);
+    if (rail < 0 || rail >= static_cast<int>(pr.links.size()))
+      throw Error(Cause::kInvalidArgument, rank, "rail " + std::to_string(rail) + " does not exist");
+    pr.core->set_standby(rail, standby, now_ns());
   });
 }
 
@@ -1111,6 +1121,7 @@ void Endpoint::wait(const std::shared_ptr<Request>& req, double timeout_s) {
 std::vector<RailStats> Endpoint::rail_stats(int peer) { return engine_->stats(peer); }
 InjectResult Endpoint::inject(int peer, int rail, Fault f, double rate) { return engine_->inject(peer, rail, f, rate); }
 void Endpoint::set_rail_weight(int peer, int rail, double w) { engine_->set_weight(peer, rail, w); }
+void Endpoint::set_rail_standby(int peer, int rail, bool standby) { engine_->set_standby(peer, rail, standby); }
 void Endpoint::set_nic_state(int nic, bool up, const std::string& why) { engine_->set_nic_state(nic, up, why); }
 std::vector<NicInfo> Endpoint::nics() const { return engine_->nic_list(); }
 std::vector<int> Endpoint::peers() { return engine_->peer_list(); }

@@ -161,6 +161,7 @@ class Engine {
   std::vector<RailStats> stats(int peer);
   InjectResult inject(int peer, int rail, Fault fault, double rate);
   void set_weight(int peer, int rail, double w);
+  void set_standby(int peer, int rail, bool standby);
   void set_nic_state(int nic, bool up, const std::string& why);
   std::vector<NicInfo> nic_list() const;
   std::vector<int> peer_list();

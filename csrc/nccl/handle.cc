@@ -18,13 +18,14 @@ uint32_t get32(const uint8_t* p) { uint32_t v = 0; for (int i = 3; i >= 0; i--) 
 uint64_t get64(const uint8_t* p) { uint64_t v = 0; for (int i = 7; i >= 0; i--) v = (v << 8) | p[i]; return v; }
 }  // namespace
 
-// Layout: magic u32, version u8, NIC count u8, reserved u16, listen id u64, nonce[32], then per
+// Layout: magic u32, version u8, NIC count u8, device u8, reserved u8, listen id u64, nonce[32], then per
 // NIC (kHandleMaxNics slots): IPv4 (network order) u32, port u16, flags u8 (1: verbs), pad u8.
 void ListenHandle::encode(uint8_t* out) const {
   std::memset(out, 0, kNcclHandleBytes);
   put32(out, kHandleMagic);
   out[4] = kHandleVersion;
   out[5] = static_cast<uint8_t>(addrs.size());
+  out[6] = dev;
   put64(out + 8, listen_id);
   std::memcpy(out + 16, nonce.data(), kHandleNonceBytes);
   uint8_t* p = out + 16 + kHandleNonceBytes;
@@ -43,6 +44,8 @@ std::string ListenHandle::decode(const uint8_t* in, ListenHandle* out) {
            std::to_string(kHandleVersion) + " (every process must load the same plugin)";
   const size_t n = in[5];
   if (n < 1 || n > kHandleMaxNics) return "a handle naming " + std::to_string(n) + " NICs";
+  if (in[6] >= kHandleMaxNics) return "a handle naming device " + std::to_string(in[6]);
+  out->dev = in[6];
   out->listen_id = get64(in + 8);
   std::memcpy(out->nonce.data(), in + 16, kHandleNonceBytes);
   out->addrs.clear();

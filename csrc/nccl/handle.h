@@ -17,7 +17,7 @@ inline constexpr size_t kNcclHandleBytes = 128;   // NCCL_NET_HANDLE_MAXSIZE (ne
 inline constexpr size_t kHandleNonceBytes = 32;
 inline constexpr size_t kHandleMaxNics = 8;
 inline constexpr uint32_t kHandleMagic = 0x504e3252;   // "R2NP"
-inline constexpr uint8_t kHandleVersion = 1;
+inline constexpr uint8_t kHandleVersion = 2;   // 2: the listener's device
 
 struct HandleAddr {
   uint32_t ipv4 = 0;        // network byte order
@@ -27,6 +27,7 @@ struct HandleAddr {
 
 struct ListenHandle {
   uint64_t listen_id = 0;
+  uint8_t dev = 0;                 // the device the listen was opened on (per-NIC devices: its NIC)
   std::array<uint8_t, kHandleNonceBytes> nonce{};
   std::vector<HandleAddr> addrs;   // 1..kHandleMaxNics, in NIC order
 

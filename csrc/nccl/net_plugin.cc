@@ -30,6 +30,7 @@ struct NetPlugin::Comm {
   const Kind kind;
   const std::shared_ptr<Endpoint> ep;
   uint64_t listen_id = 0;         // kListen
+  int dev = 0;                    // the device NCCL opened it on
   int64_t listen_since_ns = 0;    // kListen: when accept() was first asked
   int peer = -1;                  // kSend, kRecv
   std::atomic<uint64_t> next_tag{0};
@@ -167,11 +168,32 @@ abi::Result NetPlugin::init(abi::Logger logger) {
       ep_ = std::make_shared<Endpoint>(cfg, 0, 1, nics, std::move(identity));
       if (cfg.monitor_ms > 0) monitor_ = std::make_shared<monitor::Monitor>(ep_, cfg);
       accept_timeout_s_ = cfg.bootstrap_timeout_s;
-      speed_mbps_ = 0;
-      pci_path_.clear();
+      // The devices: one per NIC (each with its own PCI path and speed) or one fused.
+      std::vector<DeviceInfo> per_nic;
+      bool all_pci = true;
       for (const NicInfo& n : ep_->nics()) {
-        speed_mbps_ += nic_speed_mbps(n.ifname);
-        if (pci_path_.empty()) pci_path_ = nic_pci_path(n.ifname);
+        DeviceInfo d;
+        d.name = std::string(kPluginName) + ":" + (n.ifname.empty() ? n.name : n.ifname);
+        d.pci_path = nic_pci_path(n.ifname);
+        d.speed_mbps = nic_speed_mbps(n.ifname);
+        d.guid = 0x7232636300000000ull + per_nic.size() + 1;   // "r2cc" | device + 1
+        d.max_comms = 65536;
+        all_pci = all_pci && !d.pci_path.empty();
+        per_nic.push_back(d);
+      }
+      per_nic_ = cfg.nccl_devices == "nic" || (cfg.nccl_devices == "auto" && per_nic.size() >= 2 && all_pci);
+      if (per_nic_) {
+        devs_ = per_nic;
+      } else {
+        DeviceInfo fused;
+        fused.name = kPluginName;
+        fused.guid = 0x7232636300000000ull;
+        fused.max_comms = 65536;
+        for (const DeviceInfo& d : per_nic) {
+          fused.speed_mbps += d.speed_mbps;
+          if (fused.pci_path.empty()) fused.pci_path = d.pci_path;
+        }
+        devs_ = {fused};
       }
       for (const std::string& a : ep_->addresses()) opened += (opened.empty() ? "" : ", ") + a;
       if (const char* f = std::getenv(kFaultFileEnv)) {
@@ -189,7 +211,9 @@ abi::Result NetPlugin::init(abi::Logger logger) {
       return abi::kInternalError;
     }
   }
-  log(abi::kLogInfo, "listening on " + opened + " (one device striped over every NIC; health monitor " +
+  log(abi::kLogInfo, "listening on " + opened + " (" +
+                         (per_nic_ ? "one device per NIC, the others its backups" : "one device striped over every NIC") +
+                         ", R2CCL_NCCL_DEVICES; health monitor " +
                          std::string(monitor_ ? "on" : "off: R2CCL_MONITOR_MS=0") + ")");
   return abi::kSuccess;
 }
@@ -271,27 +295,33 @@ void NetPlugin::apply_fault(const std::string& line) {
 }
 
 abi::Result NetPlugin::devices(int* n) {
-  *n = endpoint() ? 1 : 0;
+  std::lock_guard<std::mutex> g(mu_);
+  *n = ep_ ? static_cast<int>(devs_.size()) : 0;
   return abi::kSuccess;
 }
 
 abi::Result NetPlugin::device(int dev, DeviceInfo* out) {
   std::lock_guard<std::mutex> g(mu_);
-  if (dev != 0 || !ep_) return abi::kInvalidArgument;
-  out->name = kPluginName;
-  out->pci_path = pci_path_;
-  out->guid = 0;
-  out->speed_mbps = speed_mbps_;
-  out->max_comms = 65536;
+  if (!ep_ || dev < 0 || dev >= static_cast<int>(devs_.size())) return abi::kInvalidArgument;
+  *out = devs_[static_cast<size_t>(dev)];
   return abi::kSuccess;
+}
+
+int NetPlugin::device_count() {
+  std::lock_guard<std::mutex> g(mu_);
+  return ep_ ? static_cast<int>(devs_.size()) : 0;
 }
 
 abi::Result NetPlugin::listen(int dev, void* handle, void** listen_comm) {
   *listen_comm = nullptr;
   auto ep = endpoint();
-  if (!ep || dev != 0) return fail(abi::kInvalidArgument, "listen on device " + std::to_string(dev) + " before init or past the devices");
+  const int ndev = device_count();
+  if (!ep || dev < 0 || dev >= ndev)
+    return fail(abi::kInvalidArgument, "listen on device " + std::to_string(dev) + " of " + std::to_string(ndev) +
+                                           " (before init, or past the devices)");
   ListenHandle h;
   h.listen_id = random_u64();
+  h.dev = static_cast<uint8_t>(dev);
   if (getrandom(h.nonce.data(), h.nonce.size(), 0) != static_cast<ssize_t>(h.nonce.size()))
     return fail(abi::kSystemError, "no random bytes for a listen handle");
   for (const std::string& a : ep->addresses()) {
@@ -309,6 +339,7 @@ abi::Result NetPlugin::listen(int dev, void* handle, void** listen_comm) {
   h.encode(static_cast<uint8_t*>(handle));
   auto* c = new Comm(Comm::kListen, ep);
   c->listen_id = h.listen_id;
+  c->dev = dev;
   *listen_comm = c;
   return abi::kSuccess;
 }
@@ -316,7 +347,10 @@ abi::Result NetPlugin::listen(int dev, void* handle, void** listen_comm) {
 abi::Result NetPlugin::connect(int dev, void* handle, void** send_comm) {
   *send_comm = nullptr;
   auto ep = endpoint();
-  if (!ep || dev != 0) return fail(abi::kInvalidArgument, "connect on device " + std::to_string(dev) + " before init or past the devices");
+  const int ndev = device_count();
+  if (!ep || dev < 0 || dev >= ndev)
+    return fail(abi::kInvalidArgument, "connect on device " + std::to_string(dev) + " of " + std::to_string(ndev) +
+                                           " (before init, or past the devices)");
   ListenHandle h;
   const std::string bad = ListenHandle::decode(static_cast<const uint8_t*>(handle), &h);
   if (!bad.empty()) return fail(abi::kInvalidArgument, "connect: " + bad);
@@ -330,6 +364,11 @@ abi::Result NetPlugin::connect(int dev, void* handle, void** send_comm) {
   try {
     // The rails dial now; sends queue until one is up (and fail past R2CCL_TIMEOUT if none comes).
     ep->add_peer(peer, h.address_strings(), true);
+    // Per-NIC devices: the rails over this device's NIC (and over the listener's, when NCCL
+    // paired different devices) carry the connection; the others are backups.
+    if (per_nic_)
+      for (const RailStats& s : ep->rail_stats(peer))
+        if (s.local_nic != dev && s.local_nic != h.dev) ep->set_rail_standby(peer, s.rail, true);
   } catch (const Error& e) {
     std::lock_guard<std::mutex> g(mu_);
     if (identity_) identity_->forget(peer);

@@ -35,10 +35,10 @@ inline constexpr char kPluginName[] = "r2ccl";
 
 // What getProperties reports of a device, whatever the table's version.
 struct DeviceInfo {
-  std::string name;        // "r2ccl"
-  std::string pci_path;    // sysfs path of the first NIC's PCI device ("" if none: loopback, veth)
-  uint64_t guid = 0;
-  int speed_mbps = 0;      // every NIC's link speed added up (the device stripes over all of them)
+  std::string name;        // fused: "r2ccl"; per NIC: "r2ccl:<interface or address>"
+  std::string pci_path;    // sysfs path of the NIC's PCI device ("" if none: loopback, veth); fused: the first NIC's
+  uint64_t guid = 0;       // distinct per device (NCCL takes devices of one guid for ports of one NIC)
+  int speed_mbps = 0;      // the NIC's link speed; fused: every NIC's added up (it stripes over all of them)
   int max_comms = 0;
 };
 
@@ -86,6 +86,7 @@ class NetPlugin {
   struct Comm;
   struct Request;
   abi::Result fail(abi::Result r, const std::string& why);
+  int device_count();
   void watch_faults(std::string path);
   void apply_fault(const std::string& line);
   abi::Result post(Comm* c, bool recv, void* data, size_t size, void** request);
@@ -101,8 +102,9 @@ class NetPlugin {
   std::condition_variable fault_cv_;
   bool fault_stop_ = false;
   double accept_timeout_s_ = 0;          // R2CCL_BOOTSTRAP_TIMEOUT: a listen nobody connects to fails then
-  int speed_mbps_ = 0;
-  std::string pci_path_;
+  // The devices NCCL sees (R2CCL_NCCL_DEVICES): one fused device, or one per NIC.
+  bool per_nic_ = false;
+  std::vector<DeviceInfo> devs_;
 };
 
 }  // namespace r2ccl::nccl

@@ -3,6 +3,9 @@
 // The only symbols the library exports (the link's version script hides the rest: nothing of
 // ours for NCCL or the program to collide with).
 #include <cstring>
+#include <mutex>
+#include <set>
+#include <string>
 
 #include "nccl/net_abi.h"
 #include "nccl/net_plugin.h"
@@ -15,12 +18,18 @@ using namespace abi;
 NetPlugin& P() { return NetPlugin::instance(); }
 
 // Every field of NCCL's properties: NCCL passes an uninitialised struct.
+// The strings live as long as the process: NCCL may keep the pointers (its topology holds a
+// device's name and pciPath), and a device's strings are few and fixed.
+const char* interned(const std::string& s) {
+  static std::mutex mu;
+  static auto* strings = new std::set<std::string>();   // never freed (NCCL's threads may outlive exit's destructors)
+  std::lock_guard<std::mutex> g(mu);
+  return strings->insert(s).first->c_str();
+}
+
 void fill_head(const DeviceInfo& d, PropertiesHead* h) {
-  static thread_local std::string name, pci;   // NCCL copies the strings before the next call
-  name = d.name;
-  pci = d.pci_path;
-  h->name = const_cast<char*>(name.c_str());
-  h->pci_path = pci.empty() ? nullptr : const_cast<char*>(pci.c_str());
+  h->name = const_cast<char*>(interned(d.name));
+  h->pci_path = d.pci_path.empty() ? nullptr : const_cast<char*>(interned(d.pci_path));
   h->guid = d.guid;
   h->ptr_support = kPtrHost;
   h->reg_is_global = 0;

@@ -122,6 +122,7 @@ nb::dict stats_dict(const RailStats& s) {
   d["transport"] = s.transport;
   d["state"] = rail_state_name(s.state);
   d["weight"] = s.weight;
+  d["standby"] = s.standby;
   d["tx_bytes"] = s.tx_bytes;
   d["rx_bytes"] = s.rx_bytes;
   d["tx_chunks"] = s.tx_chunks;
@@ -162,6 +163,7 @@ NB_MODULE(_core, m) {
   config_cls.def(nb::init<>());
   config_field(config_cls, config_defaults, "nics", &Config::nics);
   config_field(config_cls, config_defaults, "nic_affinity", &Config::nic_affinity);
+  config_field(config_cls, config_defaults, "nccl_devices", &Config::nccl_devices);
   config_field(config_cls, config_defaults, "chunk_bytes", &Config::chunk_bytes);
   config_field(config_cls, config_defaults, "rail_window_bytes", &Config::rail_window_bytes);
   config_field(config_cls, config_defaults, "rail_queue_ms", &Config::rail_queue_ms);

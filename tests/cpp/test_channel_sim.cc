@@ -14,7 +14,7 @@
 //   - a rail paused on one end (nothing read or written: an injected stall), and revived;
 //   - rails revived by a new connection (the dialling side) that replaces a half-open one;
 //   - duplicated data frames on another rail, corrupted payloads under R2CCL_CRC;
-//   - weights changed, sends and receives cancelled, receive sizes that do not match,
+//   - weights changed, rails made backups (standby) and primaries again, sends and receives cancelled, receive sizes that do not match,
 //     and receives larger than their message that take it (Request::up_to_len).
 // Then every fault heals and the schedule runs until every request has finished, within a
 // bound in simulated time. One schedule in ten instead loses every rail for good, and then
@@ -442,6 +442,10 @@ class Sim {
     } else if (kind < 72) {
       // An injected stall on one end, and its end.
       core_[side]->set_paused(r, !rail(side, r).paused, now_);
+    } else if (kind < 78 && rng_.chance(0.3)) {
+      // A rail made a backup (the NCCL plugin's per-NIC devices) or a primary again: a backup
+      // takes chunks only while no other rail is up, so its peers' failures move work to it.
+      core_[side]->set_standby(r, !rail(side, r).standby, now_);
     } else if (kind < 78) {
       double w = rng_.chance(0.2) ? 0.0 : rng_.chance(0.5) ? 0.25 : 1.0;
       bool other = false;   // keep one rail with weight on each side: weight 0 everywhere deals nothing

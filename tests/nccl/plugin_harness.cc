@@ -47,6 +47,8 @@ using namespace r2ccl::nccl::abi;
 namespace {
 
 int g_rank = 0, g_world = 2, g_table = 12;
+int g_dev = 0;        // --dev: the device every listen and connect uses
+int g_devices = 1;    // --devices: how many devices() must report
 std::string g_dir, g_plugin;
 double g_timeout_s = 60;
 
@@ -141,15 +143,15 @@ struct Net {
   }
   void listen(void* handle, void** lc) {
     void* ctx = ctxs.empty() ? nullptr : ctxs.back();
-    Result r = v12 ? v12->listen(ctx, 0, handle, lc) : v11 ? v11->listen(ctx, 0, handle, lc) : v10->listen(0, handle, lc);
+    Result r = v12 ? v12->listen(ctx, g_dev, handle, lc) : v11 ? v11->listen(ctx, g_dev, handle, lc) : v10->listen(g_dev, handle, lc);
     check(r == kSuccess && *lc, "listen");
   }
   Result connect_once(void* handle, void** sc) {
     void* ctx = ctxs.empty() ? nullptr : ctxs.back();
     DeviceHandle* dh = nullptr;
     CommConfig cfg{-1};
-    return v12 ? v12->connect(ctx, 0, handle, sc, &dh)
-               : v11 ? v11->connect(ctx, 0, handle, sc, &dh) : v10->connect(0, &cfg, handle, sc, &dh);
+    return v12 ? v12->connect(ctx, g_dev, handle, sc, &dh)
+               : v11 ? v11->connect(ctx, g_dev, handle, sc, &dh) : v10->connect(g_dev, &cfg, handle, sc, &dh);
   }
 };
 
@@ -301,7 +303,8 @@ void case_properties() {
     net.init();
     net.init();
     const int n = net.devices();
-    check(n == 1, "devices() = " + std::to_string(n));
+    check(n == g_devices, "devices() = " + std::to_string(n) + ", expected " + std::to_string(g_devices));
+    std::vector<uint64_t> guids;
     for (int dev = 0; dev < n; dev++) {
       PropertiesHead h;
       std::memset(&h, 0xa5, sizeof h);   // NCCL's struct is uninitialised: every field must be set
@@ -330,7 +333,11 @@ void case_properties() {
         max_p2p = p.max_p2p_bytes;
       }
       check(r == kSuccess, "getProperties");
-      check(h.name && std::string(h.name) == "r2ccl", "name");
+      // Fused: "r2ccl"; per NIC: "r2ccl:<interface>", each its own guid.
+      check(h.name && (n == 1 ? std::string(h.name) == "r2ccl" : std::string(h.name).rfind("r2ccl:", 0) == 0),
+            std::string("name ") + (h.name ? h.name : "(null)"));
+      check(std::find(guids.begin(), guids.end(), h.guid) == guids.end(), "two devices with one guid");
+      guids.push_back(h.guid);
       check(h.ptr_support == kPtrHost && h.max_recvs == 1 && h.device_type == kDeviceHost && h.reg_is_global == 0 &&
                 h.force_flush == 0 && h.speed_mbps > 0 && h.max_comms > 0 && h.latency_us == 0.0f,
             "the device's properties");
@@ -338,6 +345,14 @@ void case_properties() {
       check(h.pci_path == nullptr || std::strncmp(h.pci_path, "/sys/", 5) == 0, "pciPath is a sysfs path or NULL");
     }
     check(std::string(net.name()) == "r2ccl", "the table's name");
+    {   // a device past the last: an error, no listen comm
+      uint8_t handle[kHandleMaxBytes];
+      void* lc = nullptr;
+      void* ctx = net.ctxs.back();
+      Result r = net.v12 ? net.v12->listen(ctx, n, handle, &lc) : net.v11 ? net.v11->listen(ctx, n, handle, &lc)
+                                                                     : net.v10->listen(n, handle, &lc);
+      check(r != kSuccess && lc == nullptr, "listen on device " + std::to_string(n) + " of " + std::to_string(n) + " succeeded");
+    }
     net.finalize();
     net.finalize();
   }
@@ -1090,6 +1105,8 @@ int main(int argc, char** argv) {
     else if (a == "--bytes") bytes = std::stoull(next());
     else if (a == "--slot") slot = std::stoull(next());
     else if (a == "--seconds") seconds = std::stod(next());
+    else if (a == "--dev") g_dev = std::stoi(next());
+    else if (a == "--devices") g_devices = std::stoi(next());
     else if (a == "--collective") collective = next();
     else if (a == "--expect-error") expect_error = true;
     else if (a == "--loop-bytes") loop_bytes = std::stoull(next());
