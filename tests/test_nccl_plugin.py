@@ -29,8 +29,8 @@ def plugin():
     if _cmake() is None or _ninja() is None or _compiler() is None:
         pytest.skip("cmake, ninja or a C++ compiler missing")
     build_dir = configure("plain")
-    _run([*_cmake(), "--build", str(build_dir), "--target", "r2ccl_nccl_net", "nccl_plugin_harness"], ROOT,
-         "build of the NCCL plugin and its harness", timeout=900)
+    _run([*_cmake(), "--build", str(build_dir), "--target", "r2ccl_nccl_net", "nccl_plugin_harness", "endpoint_rtt"], ROOT,
+         "build of the NCCL plugin, its harness and the harness's endpoint baseline", timeout=900)
     return str(build_dir / "libnccl-net-r2ccl.so"), str(build_dir / "nccl_plugin_harness")
 
 
@@ -125,6 +125,25 @@ def test_the_bandwidth_case_streams_exact_pieces_and_times_a_round_trip(plugin, 
     """The case bench/testbed_nccl.sh times on the test bed (no speed is judged here)."""
     outs = run_harness(plugin, tmp_path, "bandwidth", 2, extra=("--bytes", str(16 << 20)))
     assert all(" BW " in o and " RTT " in o for o in outs), outs
+
+
+@pytest.mark.parametrize("mode", [(), ("--stream", str(16 << 20))])
+def test_the_endpoint_baseline_moves_the_same_traffic_exactly(plugin, tmp_path, mode):
+    """tests/nccl/endpoint_rtt.cc, bench/testbed_nccl.sh's baseline: the harness's round trip
+    and stream through the core's Endpoint from C++ (no speed is judged here)."""
+    rtt = os.path.join(os.path.dirname(plugin[1]), "endpoint_rtt")
+    procs = [subprocess.Popen([rtt, "--rank", str(r), "--dir", str(tmp_path), *mode], env=dict(os.environ, R2CCL_NICS=NICS),
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in (0, 1)]
+    try:
+        outs = [p.communicate(timeout=120)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    word = " BW " if mode else " RTT "
+    for r, (p, out) in enumerate(zip(procs, outs)):
+        assert p.returncode == 0 and f"endpoint_rtt rank {r}: ok" in out and word in out, out[-3000:]
 
 
 # Per-NIC devices (R2CCL_NCCL_DEVICES=nic): one device per NIC, the connection's own NIC its

@@ -510,6 +510,8 @@ struct Ring {
   static constexpr int kSlots = 8;
   Conn c;
   size_t count;
+  bool gather = true;   // run() does the all-gather after the all-reduce
+  double ar_s = 0;      // the last all-reduce's time on the wire (its steps, not making or checking data)
   std::vector<std::vector<uint32_t>> sbuf, rbuf;
   std::vector<void*> smh, rmh;
   uint64_t step_no = 0;
@@ -592,6 +594,7 @@ struct Ring {
     auto hi = [&](int k) { return std::min(count, static_cast<size_t>(k + 1) * chunk); };
     // All-reduce: P-1 reduce-scatter steps, P-1 all-gather steps.
     std::vector<uint32_t> ar = data;
+    const double t0 = now_s();
     for (int k = 0; k < P - 1; k++) {
       const int sc = (g_rank - k + P) % P, rc = (g_rank - k - 1 + P) % P;
       step(lo(sc), hi(sc), lo(rc), hi(rc), true, ar);
@@ -600,11 +603,13 @@ struct Ring {
       const int sc = (g_rank + 1 - k + P) % P, rc = (g_rank - k + P) % P;
       step(lo(sc), hi(sc), lo(rc), hi(rc), false, ar);
     }
+    ar_s = now_s() - t0;
     for (size_t i = 0; i < count; i++) {
       uint32_t want = 0;
       for (int r = 0; r < P; r++) want += value(seed, r, i);
       if (ar[i] != want) die("all-reduce (seed " + std::to_string(seed) + ") element " + std::to_string(i) + " differs");
     }
+    if (!gather) return 4 * count;
     // All-gather: each rank's first `chunk` elements end up everywhere, in rank order.
     std::vector<uint32_t> ag(chunk * P);
     for (size_t i = 0; i < chunk; i++) ag[g_rank * chunk + i] = data[i];
@@ -736,7 +741,8 @@ void case_ring(uint64_t seed) {
               g_rank, ring.count, g_world);
 }
 
-// --case loop: the ring's all-reduce and all-gather (--collective ring), an all-to-all over
+// --case loop: the ring's all-reduce and all-gather (--collective ring; allreduce: the
+// all-reduce alone, whose median time bench/testbed_nccl.sh sets beside its ring bound), an all-to-all over
 // connections to every rank (alltoall) or both, over and over for --seconds, every iteration
 // checked bit for bit; rank 0 decides after each iteration whether another follows, so all
 // stop together. Publishes its pid (pid.R) and, on rank 0, when the loop starts
@@ -747,19 +753,21 @@ void case_ring(uint64_t seed) {
 // the wall clock of that moment, closes every connection (timed: close after an error must
 // not hang) and passes; no error by --seconds fails.
 void case_loop(uint64_t seed, double seconds, const std::string& coll, bool expect_error, uint64_t bytes) {
-  check(coll == "ring" || coll == "alltoall" || coll == "both", "--collective ring, alltoall or both");
+  check(coll == "ring" || coll == "allreduce" || coll == "alltoall" || coll == "both",
+        "--collective ring, allreduce, alltoall or both");
   check(!expect_error || coll == "alltoall", "--expect-error runs the all-to-all only");
   publish("pid." + std::to_string(g_rank), std::to_string(getpid()));
   net.init();
   std::unique_ptr<Ring> ring;
   std::unique_ptr<Mesh> mesh;
   if (coll != "alltoall") ring = std::make_unique<Ring>(connect_ring("loop"), bytes / 4);
-  if (coll != "ring") mesh = std::make_unique<Mesh>(connect_mesh("loop-a2a"), bytes / g_world);
+  if (ring) ring->gather = coll != "allreduce";
+  if (coll == "alltoall" || coll == "both") mesh = std::make_unique<Mesh>(connect_mesh("loop-a2a"), bytes / g_world);
   barrier("loop-ready");
   g_errors_expected = expect_error;
   if (g_rank == 0) publish("loop-started", std::to_string(wall_s()));
   const double start = now_s();
-  std::vector<double> times;
+  std::vector<double> times, ar_times;
   uint64_t checked = 0;
   for (int it = 0;; it++) {
     const double a = now_s();
@@ -782,6 +790,7 @@ void case_loop(uint64_t seed, double seconds, const std::string& coll, bool expe
       return;
     }
     times.push_back(now_s() - a);
+    if (ring) ar_times.push_back(ring->ar_s);
     if (expect_error) {
       check(now_s() - start < seconds, "no error within " + std::to_string(seconds) + " s (" + std::to_string(it + 1) +
                                            " exact iterations)");
@@ -799,9 +808,13 @@ void case_loop(uint64_t seed, double seconds, const std::string& coll, bool expe
   net.finalize();
   std::vector<double> sorted = times;
   std::sort(sorted.begin(), sorted.end());
+  std::sort(ar_times.begin(), ar_times.end());
+  char ar[96] = "";
+  if (!ar_times.empty())
+    std::snprintf(ar, sizeof ar, "; all-reduce on the wire: median %.1f ms", ar_times[ar_times.size() / 2] * 1e3);
   std::printf("harness: loop rank %d: ok (%zu iterations of %s in %.2f s, every one bit-exact, %" PRIu64
-              " bytes; median %.1f ms, worst %.1f ms)\n",
-              g_rank, times.size(), coll.c_str(), ran, checked, sorted[sorted.size() / 2] * 1e3, sorted.back() * 1e3);
+              " bytes; median %.1f ms, worst %.1f ms%s)\n",
+              g_rank, times.size(), coll.c_str(), ran, checked, sorted[sorted.size() / 2] * 1e3, sorted.back() * 1e3, ar);
 }
 
 // connect/accept of new connections on a service thread while a progress thread moves data on
