@@ -144,6 +144,8 @@ class Endpoint : public std::enable_shared_from_this<Endpoint> {
   std::vector<NicInfo> nics() const;
   // Peers added so far.
   std::vector<int> peers();
+  // How logs and errors name a peer ("rank 3", "NCCL send connection 7"); any thread.
+  std::string peer_name(int peer) const;
   // Bytes held for messages that arrived before their receive was posted.
   uint64_t staged_bytes();
   // Messages from `peer` that no receive has claimed yet: (tag, their first `n` bytes), for

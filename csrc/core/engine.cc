@@ -327,7 +327,9 @@ Peer& Engine::make_peer(int peer, const std::vector<NetAddr>& remote, const std:
   size_t pairs = std::max(n_local, n_remote);
   std::vector<std::pair<int, int>> nic_pairs;
   std::vector<std::string> names;
-  const std::string pname = identity_->peer_name(peer) + " (" + remote[0].str() + ")";
+  // A peer admitted from its first rail (the NCCL plugin's receive side) gave no addresses: it dials.
+  auto unknown = [](const NetAddr& a) { return a.sa.sin_addr.s_addr == 0 && a.sa.sin_port == 0; };
+  const std::string pname = identity_->peer_name(peer) + " (" + (unknown(remote[0]) ? "it dials in" : remote[0].str()) + ")";
   for (size_t i = 0; i < pairs * static_cast<size_t>(cfg_.conns_per_nic); i++) {
     size_t p = i % pairs;
     int local = static_cast<int>(p % n_local), rem = static_cast<int>(p % n_remote);
@@ -341,7 +343,8 @@ Peer& Engine::make_peer(int peer, const std::vector<NetAddr>& remote, const std:
                       "; every rank must pick the same transport for a NIC pair (set R2CCL_TRANSPORT=socket on "
                       "every rank, or give every rank RDMA ports on these NICs)");
     names.push_back("rail " + std::to_string(i) + " to " + identity_->peer_name(peer) + " (" + nics_[local].name +
-                    " " + nics_[local].addr_str() + " -> " + remote[rem].str() + ")");
+                    " " + nics_[local].addr_str() +
+                    (unknown(remote[rem]) ? " <- its NIC " + std::to_string(rem) : " -> " + remote[rem].str()) + ")");
     auto l = std::make_unique<Link>();
     l->peer = pr.get();
     l->index = static_cast<int>(i);
@@ -1125,6 +1128,7 @@ void Endpoint::set_rail_standby(int peer, int rail, bool standby) { engine_->set
 void Endpoint::set_nic_state(int nic, bool up, const std::string& why) { engine_->set_nic_state(nic, up, why); }
 std::vector<NicInfo> Endpoint::nics() const { return engine_->nic_list(); }
 std::vector<int> Endpoint::peers() { return engine_->peer_list(); }
+std::string Endpoint::peer_name(int peer) const { return engine_->peer_name(peer); }
 uint64_t Endpoint::staged_bytes() { return engine_->staged_bytes(); }
 std::vector<std::pair<uint64_t, std::vector<uint8_t>>> Endpoint::staged_heads(int peer, size_t n) {
   return engine_->staged_heads(peer, n);

@@ -165,6 +165,7 @@ class Engine {
   void set_nic_state(int nic, bool up, const std::string& why);
   std::vector<NicInfo> nic_list() const;
   std::vector<int> peer_list();
+  std::string peer_name(int peer) const { return identity_->peer_name(peer); }
   uint64_t staged_bytes();
   std::vector<std::pair<uint64_t, std::vector<uint8_t>>> staged_heads(int peer, size_t n);
   // Any thread but the engine's: waits (bounded) for eager sends to be acknowledged, then

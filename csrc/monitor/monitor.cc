@@ -384,8 +384,7 @@ void Monitor::update_capacity(const std::map<int, std::vector<RailStats>>& by_pe
 }
 
 void Monitor::emit(Event e) {   // mu_ held
-  std::string where = e.peer >= 0 ? "rail " + std::to_string(e.rail) + " to rank " + std::to_string(e.peer) + " (" +
-                                        e.nic + ")"
+  std::string where = e.peer >= 0 ? "rail " + std::to_string(e.rail) + " to " + ep_->peer_name(e.peer) + " (" + e.nic + ")"
                                   : "NIC " + e.nic;
   R2_WARN("health: %s %s: %s", where.c_str(), e.kind.c_str(), e.detail.c_str());
   e.seq = next_seq_++;
