@@ -5,8 +5,8 @@ harness's header), in 2, 3 and 4 processes over loopback with two NICs each (127
 127.0.0.2: two rails per connection). Every byte is checked. Built in the plain C++ folder
 (tests/test_cpp.py's configure("plain")).
 
-What the plugin must export is checked here too: `nm -D` lists its three tables and nothing else
-of ours.
+What the plugin must export is checked here too: `nm -D` lists its three tables, its health
+function (r2ccl_nccl_plugin_health_v1, for jax_r2ccl.health()) and nothing else of ours.
 """
 
 from __future__ import annotations
@@ -60,13 +60,15 @@ def run_harness(plugin, tmp_path, case, world, table=12, seed=1, env=None, timeo
 
 
 def test_the_plugin_exports_its_tables_and_nothing_else(plugin):
+    """The three tables NCCL looks up, and one function for jax_r2ccl.health() whose r2ccl_
+    prefix cannot collide with NCCL or a program's symbols."""
     so, _ = plugin
     nm = shutil.which("nm")
     if nm is None:
         pytest.skip("nm (binutils) not installed")
     out = subprocess.run([nm, "-D", "--defined-only", so], capture_output=True, text=True, check=True).stdout
     names = sorted(line.split()[-1] for line in out.splitlines() if line.strip())
-    assert names == ["ncclNetPlugin_v10", "ncclNetPlugin_v11", "ncclNetPlugin_v12"], names
+    assert names == ["ncclNetPlugin_v10", "ncclNetPlugin_v11", "ncclNetPlugin_v12", "r2ccl_nccl_plugin_health_v1"], names
     # No undefined symbol outside the C and C++ runtimes (it loads into any process NCCL runs in).
     undefined = subprocess.run([nm, "-D", "--undefined-only", so], capture_output=True, text=True, check=True).stdout
     ours = [line for line in undefined.splitlines() if "r2ccl" in line]
@@ -171,3 +173,76 @@ def test_per_nic_device_survives_its_own_nic_failing_onto_the_backup_exactly(plu
     backup carries everything, then the primary again; test() never fails, every byte exact."""
     outs = run_harness(plugin, tmp_path, "faults", 2, env=PER_NIC, seed=3, timeout=180, extra=("--dev", "1"))
     assert "ok (6 faults" in outs[0], outs[0][-3000:]
+
+
+HEALTH_PROBE = r'''
+import ctypes, json, os, sys, time
+so = sys.argv[1]
+lib = ctypes.CDLL(so)
+R = ctypes.c_int
+P = ctypes.c_void_p
+PP = ctypes.POINTER(ctypes.c_void_p)
+# ncclNet_v10_t (csrc/nccl/net_abi.h): name, init, devices, getProperties, listen, connect, then the data path.
+slots = (ctypes.c_void_p * 19).in_dll(lib, "ncclNetPlugin_v10")
+fn = lambda i, *args: ctypes.CFUNCTYPE(R, *args)(slots[i])
+init, listen = fn(1, P, P), fn(4, R, P, PP)
+connect, accept = fn(5, R, P, P, PP, PP), fn(6, P, PP, PP)
+isend = fn(10, P, P, ctypes.c_size_t, R, P, P, PP)
+irecv = fn(11, P, R, PP, ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(R), PP, PP, PP)
+test = fn(13, P, ctypes.POINTER(R), ctypes.POINTER(R))
+from jax_r2ccl.transport import nccl
+assert nccl.plugin_health()["monitor"] == "not initialized", nccl.plugin_health()
+assert init(None, None) == 0
+handle = ctypes.create_string_buffer(128)
+lc, sc, rc, dh = P(), P(), P(), P()
+assert listen(0, handle, ctypes.byref(lc)) == 0
+assert connect(0, None, handle, ctypes.byref(sc), ctypes.byref(dh)) == 0 and sc.value
+deadline = time.monotonic() + 30
+while not rc.value:
+    assert accept(lc, ctypes.byref(rc), ctypes.byref(dh)) == 0 and time.monotonic() < deadline
+out, into = ctypes.create_string_buffer(b"x" * 4096, 4096), ctypes.create_string_buffer(8192)
+sreq, rreq = P(), P()
+data, size, tag = P(ctypes.addressof(into)), ctypes.c_size_t(8192), R(0)
+assert irecv(rc, 1, ctypes.byref(data), ctypes.byref(size), ctypes.byref(tag), None, None, ctypes.byref(rreq)) == 0
+assert isend(sc, out, 4096, 0, None, None, ctypes.byref(sreq)) == 0
+for req in (sreq, rreq):
+    done, got = R(0), R(-1)
+    while not done.value:
+        assert test(req, ctypes.byref(done), ctypes.byref(got)) == 0 and time.monotonic() < deadline
+assert into.raw[:4096] == out.raw
+time.sleep(0.3)   # a monitor sample or more
+snap = nccl.plugin_health()
+from jax_r2ccl.transport.endpoint import Endpoint
+from jax_r2ccl.transport.health import HealthMonitor
+from jax_r2ccl.monitoring.metrics import HealthCollector
+ep = Endpoint(0, 1, nics=["127.0.0.1"], secret=b"health-probe-secret-0123456789")
+mon = HealthMonitor(ep)
+samples = [(s.name, s.labels, s.value) for fam in HealthCollector(mon).collect() for s in fam.samples]
+print(json.dumps({"snap": snap, "samples": samples}))
+'''
+
+
+def test_the_plugins_rails_show_in_jax_r2ccl_health_and_the_metrics(plugin, tmp_path):
+    """A process that loaded the plugin (here through its v10 table, as NCCL would) and moved a
+    message over a connection to itself: transport.nccl.plugin_health() (what health() adds as
+    "nccl_plugin") shows both connections, their rails and bytes, the NICs and the monitor; the
+    Prometheus collector lists the plugin's rails under their connections' names."""
+    import json
+    import sys
+    so, _ = plugin
+    env = dict(os.environ, R2CCL_NICS=NICS, R2CCL_MONITOR_MS="50")
+    r = subprocess.run([sys.executable, "-c", HEALTH_PROBE, so], capture_output=True, text=True, timeout=120,
+                       env=env, cwd=str(tmp_path))
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-5000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    snap = out["snap"]
+    assert snap["plugin"] == "r2ccl" and snap["monitor"] == "on" and snap["devices"] == "fused", snap
+    assert [n["name"] for n in snap["nics"]] == NICS.split(","), snap["nics"]
+    conns = {r["peer_name"] for r in snap["rails"]}
+    assert any(c.startswith("NCCL send connection") for c in conns) and \
+        any(c.startswith("NCCL receive connection") for c in conns), conns
+    assert len(snap["rails"]) == 4 and all(r["state"] == "up" for r in snap["rails"]), snap["rails"]
+    sent = sum(r["tx_bytes"] for r in snap["rails"] if r["peer_name"].startswith("NCCL send"))
+    assert sent >= 4096, snap["rails"]
+    peers = {s[1]["peer"] for s in out["samples"] if s[0] == "r2ccl_rail_up"}
+    assert conns <= peers, (conns, peers)

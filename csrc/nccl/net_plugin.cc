@@ -16,6 +16,7 @@
 #include "base/error.h"
 #include "base/log.h"
 #include "base/settings.h"
+#include "monitor/health_json.h"
 #include "net/ibverbs/verbs_transport.h"
 #include "net/transport.h"
 
@@ -140,6 +141,23 @@ void NetPlugin::log(abi::LogLevel level, const std::string& line) {
 abi::Result NetPlugin::fail(abi::Result r, const std::string& why) {
   log(abi::kLogWarn, why);
   return r;
+}
+
+std::string NetPlugin::health_json() {
+  std::shared_ptr<Endpoint> ep;
+  std::shared_ptr<monitor::Monitor> mon;
+  bool per_nic;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    ep = ep_;
+    mon = monitor_;
+    per_nic = per_nic_;
+  }
+  const std::string head = std::string("{\"plugin\": \"") + kPluginName + "\", \"devices\": \"" +
+                           (per_nic ? "nic" : "fused") + "\", \"monitor\": \"";
+  if (!ep) return head + "not initialized\", \"rails\": [], \"nics\": [], \"events\": []}";
+  if (!mon) return head + "off\", \"rails\": [], \"nics\": [], \"events\": []}";
+  return head + "on\", " + monitor::health_json(*mon, *ep).substr(1);
 }
 
 std::shared_ptr<Endpoint> NetPlugin::endpoint() {

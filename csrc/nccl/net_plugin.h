@@ -73,6 +73,10 @@ class NetPlugin {
 
   // The endpoint (null before init).
   std::shared_ptr<Endpoint> endpoint();
+  // The health monitor's snapshot of the plugin's rails, NICs and latest events as JSON
+  // (monitor/health_json.h), with "devices" (fused or nic) and "monitor" (on, off or
+  // "not initialized": before the first init or after the last finalize).
+  std::string health_json();
 
   // Test-only fault injection from outside NCCL (docs/design.md §12): when
   // R2CCL_TEST_FAULT_FILE names a file, a thread reads it whenever it changes and applies each

@@ -2,6 +2,7 @@
 // v12, 2.28-2.29 v11, 2.26-2.27 v10; src/plugin/net.cc), each a thin adapter over NetPlugin.
 // The only symbols the library exports (the link's version script hides the rest: nothing of
 // ours for NCCL or the program to collide with).
+#include <algorithm>
 #include <cstring>
 #include <mutex>
 #include <set>
@@ -114,3 +115,18 @@ extern "C" __attribute__((visibility("default"))) const abi::NetV11 ncclNetPlugi
     nullptr, finalize_v11, nullptr};
 extern "C" __attribute__((visibility("default"))) const abi::NetV10 ncclNetPlugin_v10 = {
     kPluginName, init_v10, devices, get_properties<abi::PropertiesV10>, listen_v10, connect_v10, kDataPath, nullptr};
+
+// The plugin's health for jax_r2ccl.health() in the same process (jax_r2ccl/transport/nccl.py
+// finds it with dlopen(RTLD_NOLOAD): only once NCCL loaded the plugin). Writes the JSON of
+// NetPlugin::health_json() into buf (at most cap - 1 bytes and a NUL) and returns its full
+// length: a caller whose buffer was too small calls again with a larger one.
+extern "C" __attribute__((visibility("default"))) size_t r2ccl_nccl_plugin_health_v1(char* buf, size_t cap) {
+  const std::string j = r2ccl::nccl::NetPlugin::instance().health_json();
+  if (buf && cap > 0) {
+    const size_t n = std::min(cap - 1, j.size());
+    std::memcpy(buf, j.data(), n);
+    buf[n] = '\0';
+  }
+  return j.size();
+}
+

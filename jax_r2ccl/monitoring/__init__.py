@@ -10,6 +10,7 @@ from typing import Callable
 
 from .._src import runtime
 from ..errors import R2cclError
+from ..transport import nccl
 from ..transport.health import HealthMonitor, Subscription
 
 
@@ -22,8 +23,14 @@ def runtime_monitor() -> HealthMonitor:
 
 
 def health() -> dict:
-    """A snapshot of this process's NICs and rails (see HealthMonitor.snapshot)."""
-    return runtime_monitor().snapshot()
+    """A snapshot of this process's NICs and rails (see HealthMonitor.snapshot). When NCCL
+    loaded the net plugin into this process, "nccl_plugin" holds the plugin's own snapshot: its
+    rails per NCCL connection, its NICs and its latest events (transport.nccl.plugin_health)."""
+    snap = runtime_monitor().snapshot()
+    plugin = nccl.plugin_health()
+    if plugin is not None:
+        snap["nccl_plugin"] = plugin
+    return snap
 
 
 def events(after: int = 0, timeout: float = 0.0) -> list[dict]:

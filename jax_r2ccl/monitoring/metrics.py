@@ -6,7 +6,9 @@ Metrics (labels: rank, peer, rail, nic; NIC metrics: rank, nic):
   r2ccl_rail_up, r2ccl_rail_weight, r2ccl_rail_bandwidth_bytes_per_second,
   r2ccl_rail_rtt_seconds, r2ccl_rail_inflight_bytes, r2ccl_rail_{tx,rx,acked}_bytes_total,
   r2ccl_rail_{failures,recoveries,retransmitted_chunks}_total,
-  r2ccl_nic_link_up, r2ccl_nic_admitted, r2ccl_nic_link_downs_total, r2ccl_events_total{kind}."""
+  r2ccl_nic_link_up, r2ccl_nic_admitted, r2ccl_nic_link_downs_total, r2ccl_events_total{kind}.
+The NCCL net plugin's rails, when NCCL loaded it into this process, are in the same rail
+metrics, their peer label naming the NCCL connection ("NCCL send connection 7")."""
 
 from __future__ import annotations
 
@@ -49,9 +51,14 @@ class HealthCollector:
             ("acked_bytes", "bytes the peer confirmed"), ("failures", "times the rail failed"),
             ("recoveries", "times the rail came back"),
             ("retransmitted_chunks", "chunks carried for a failed sibling"))}
-        for peer, rails in snap["peers"].items():
+        from ..transport import nccl
+        plugin = nccl.plugin_health() or {}
+        rails_by_peer = [(str(peer), rails) for peer, rails in snap["peers"].items()]
+        for r in plugin.get("rails", []):
+            rails_by_peer.append((r["peer_name"], [r]))
+        for peer, rails in rails_by_peer:
             for r in rails:
-                lv = [rank, str(peer), str(r["rail"]), r["nic"]]
+                lv = [rank, peer, str(r["rail"]), r["nic"]]
                 g["up"].add_metric(lv, 1.0 if r["state"] == "up" else 0.0)
                 g["weight"].add_metric(lv, r["weight"])
                 g["bandwidth_bytes_per_second"].add_metric(lv, r["bandwidth_Bps"])

@@ -67,6 +67,46 @@ def _loaded_nccl() -> str | None:
     return None
 
 
+def _mapped(basename: str) -> str | None:
+    """The path of a library of this name mapped into this process, if any."""
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                path = line.split()[-1] if line.count(" ") >= 5 else ""
+                if os.path.basename(path) == basename:
+                    return path
+    except OSError:
+        pass
+    return None
+
+
+def plugin_health() -> dict | None:
+    """The plugin's own health snapshot when NCCL loaded it into this process (else None): its
+    rails per NCCL connection (state, standby, weight, bandwidth, bytes, failures), its NICs and
+    its monitor's latest events, read through the plugin's r2ccl_nccl_plugin_health_v1 (the
+    plugin is a library of its own, with its own endpoint and monitor). Keys: plugin, devices
+    (fused or nic), monitor (on, off, not initialized), rails, nics, events."""
+    import json
+    path = _mapped(PLUGIN_FILE)
+    if path is None:
+        return None
+    try:
+        lib = ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
+        fn = lib.r2ccl_nccl_plugin_health_v1
+    except (OSError, AttributeError):
+        return None   # unmapped meanwhile, or an older plugin without the function
+    fn.restype = ctypes.c_size_t
+    fn.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+    size = 1 << 16
+    for _ in range(4):   # the snapshot may grow between the calls
+        buf = ctypes.create_string_buffer(size)
+        n = fn(buf, size)
+        if n < size:
+            return json.loads(buf.value.decode("utf-8", "replace"))
+        size = n + 4096
+    raise R2cclError("the NCCL plugin's health snapshot kept growing past its buffer")
+
+
 def nccl_library() -> tuple[str | None, str]:
     """The libnccl.so.2 this process would load, and how it was found: already loaded, the
     nvidia-nccl-cu12/cu13 wheel jax[cuda] installs, or the system's library path."""
