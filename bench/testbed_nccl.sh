@@ -139,12 +139,12 @@ P = 4
 payload = 4 * bps(ring_rate) / 8 * 0.957   # 4 NICs; TCP/IP headers take ~4.3% of a 1500-byte frame
 bound_ms = 2 * (P - 1) / P * ring_bytes / payload * 1e3
 print(f"NCCL plugin beside the endpoint, one run, medians of {len(pb)} rounds (every byte checked)")
-print("| measure | endpoint | NCCL plugin | plugin / endpoint | target |")
-print("|---|---|---|---|---|")
-print(f"| 256 MiB in 512 KiB pieces, 8 in flight, 2 hosts x 4 NICs at {rate} (link-bound), MB/s | {m(eb):.1f} | {m(pb):.1f} | {m(pb) / m(eb):.1%} | >= 95% |")
-print(f"| the same at {cpu_rate} (CPU-bound), MB/s | {m(ceb):.1f} | {m(cpb):.1f} | {m(cpb) / m(ceb):.1%} | >= 90% |")
-print(f"| 4 KiB isend -> test round trip at {rate}, us (endpoint: C++) | {m(er):.1f} | {m(pr):.1f} | {m(pr) / m(er):.2f}x | <= 1.2x |")
-print(f"| ring all-reduce, 4 hosts x 4 NICs at {ring_rate}, {ring_bytes >> 20} MiB per rank, median ms | bound {bound_ms:.1f} | {ring_ms:.1f} | {bound_ms / ring_ms:.1%} of the bound | >= 95% |")
+print("| measure | endpoint | NCCL plugin | plugin / endpoint | best round of each | target |")
+print("|---|---|---|---|---|---|")
+print(f"| 256 MiB in 512 KiB pieces, 8 in flight, 2 hosts x 4 NICs at {rate} (link-bound), MB/s | {m(eb):.1f} | {m(pb):.1f} | {m(pb) / m(eb):.1%} | {max(pb) / max(eb):.1%} | >= 95% |")
+print(f"| the same at {cpu_rate} (CPU-bound), MB/s | {m(ceb):.1f} | {m(cpb):.1f} | {m(cpb) / m(ceb):.1%} | {max(cpb) / max(ceb):.1%} | >= 90% |")
+print(f"| 4 KiB isend -> test round trip at {rate}, us (endpoint: C++) | {m(er):.1f} | {m(pr):.1f} | {m(pr) / m(er):.2f}x | {min(pr) / min(er):.2f}x | <= 1.2x |")
+print(f"| ring all-reduce, 4 hosts x 4 NICs at {ring_rate}, {ring_bytes >> 20} MiB per rank, median ms | bound {bound_ms:.1f} | {ring_ms:.1f} | {bound_ms / ring_ms:.1%} of the bound | - | >= 95% |")
 print(f"whole 256 MiB messages through the endpoint from Python (bench p2p): {m(wb):.1f} MB/s at {rate}, "
       f"{m(cwb):.1f} MB/s at {cpu_rate}")
 print(f"rounds: link plugin {pb} MB/s, endpoint {eb} MB/s; cpu plugin {cpb}, endpoint {ceb}; "
