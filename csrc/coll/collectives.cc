@@ -283,7 +283,11 @@ class Executor::Op {
         // Our signature still goes out after a mismatch: the peers need it to name the
         // disagreement themselves rather than see an abandoned message.
         if (e->cause() == Cause::kMismatch && sig_sends_.count(static_cast<int>(i))) continue;
-        if (m.req && !m.req->finished()) ep_.cancel(m.req, Cause::kTimeout, "collective abandoned: " + std::string(e->what()));
+        // A mismatch travels with the abandoned messages (kFlagAbortMismatch): a process that
+        // only waited on this one names the mismatch too, not a timeout.
+        if (m.req && !m.req->finished())
+          ep_.cancel(m.req, e->cause() == Cause::kMismatch ? Cause::kMismatch : Cause::kTimeout,
+                     "collective abandoned: " + std::string(e->what()));
       }
     if (c_.done) c_.done(e);
     ex_->op_finished();

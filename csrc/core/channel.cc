@@ -31,9 +31,13 @@ std::string size_mismatch(int peer, uint64_t sent, uint64_t tag, uint64_t expect
          " but this receive expects " + std::to_string(expects);
 }
 
-std::string abandoned(int peer) {
-  return "rank " + std::to_string(peer) + " abandoned this message (its send was cancelled or timed out)";
+std::string abandoned(int peer, bool mismatch) {
+  return "rank " + std::to_string(peer) +
+         (mismatch ? " abandoned this message: its collective did not match another process's (mismatch)"
+                   : " abandoned this message (its send was cancelled or timed out)");
 }
+
+Cause abandoned_cause(bool mismatch) { return mismatch ? Cause::kMismatch : Cause::kTimeout; }
 }  // namespace
 
 
@@ -400,7 +404,10 @@ void ChannelCore::pump(int64_t now) {
     h.msg_len = c.req->len;
     h.tag_seq = c.req->tag_seq;
     const uint8_t* payload = c.req->payload() + c.offset;
-    if (c.void_) h.flags |= kFlagAbort;
+    if (c.void_) {
+      h.flags |= kFlagAbort;
+      if (c.req->failed() && c.req->error_cause() == Cause::kMismatch) h.flags |= kFlagAbortMismatch;
+    }
     if (eager) h.flags |= kFlagEager;
     // Ask for the ack at the end of the receiver's read pass once per half window dealt, so
     // a rail held by its window always has an asked chunk in flight, and where waiting could
@@ -564,6 +571,7 @@ InMsg* ChannelCore::open_inmsg(const FrameHeader& h) {
   m.tag_seq = h.tag_seq;
   m.len = h.msg_len;
   m.aborted = (h.flags & kFlagAbort) != 0;
+  m.abort_mismatch = m.aborted && (h.flags & kFlagAbortMismatch) != 0;
   auto key = std::make_pair(h.tag, h.tag_seq);
   auto p = ch.posted.find(key);
   if (p != ch.posted.end()) {
@@ -622,10 +630,13 @@ void ChannelCore::data_frame(Rail& r) {
     else if (m->req)
       std::memcpy(m->req->buf + h.offset, rx.side.data(), h.payload_len);   // inside: decode_header checked
   }
-  if (h.flags & kFlagAbort) m->aborted = true;
+  if (h.flags & kFlagAbort) {
+    m->aborted = true;
+    m->abort_mismatch = m->abort_mismatch || (h.flags & kFlagAbortMismatch) != 0;
+  }
   m->received += h.payload_len;
   if (m->aborted && m->req) {
-    m->req->finish_error(Cause::kTimeout, abandoned(ch.peer));
+    m->req->finish_error(abandoned_cause(m->abort_mismatch), abandoned(ch.peer, m->abort_mismatch));
     m->req.reset();
     m->discard = true;
     redirect_to_scratch(h.msg_id);
@@ -834,7 +845,7 @@ void ChannelCore::post_recv(const std::shared_ptr<Request>& req) {
   ch.unexpected.erase(u);
   InMsg& m = ch.inmsgs.at(msg_id);
   if (m.aborted) {
-    req->finish_error(Cause::kTimeout, abandoned(ch.peer));
+    req->finish_error(abandoned_cause(m.abort_mismatch), abandoned(ch.peer, m.abort_mismatch));
     m.discard = true;
     return;
   }

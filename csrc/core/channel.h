@@ -148,6 +148,7 @@ struct InMsg {
   }
   bool discard = false;            // matched receive failed or was cancelled: drop bytes
   bool aborted = false;            // the sender cancelled it
+  bool abort_mismatch = false;     // ... because its collective did not match (kFlagAbortMismatch)
   bool complete = false;
 };
 

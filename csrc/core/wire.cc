@@ -43,6 +43,7 @@ std::string decode_header(const uint8_t in[kHeaderBytes], const WireLimits& lim,
   h->flags = in[7];
   if (h->flags & ~kKnownFlags) return "unknown flags " + std::to_string(h->flags);
   if ((h->flags & kFlagAbort) && h->type != FrameType::kData) return "abort flag on a non-data frame";
+  if ((h->flags & kFlagAbortMismatch) && !(h->flags & kFlagAbort)) return "abort-mismatch flag without the abort flag";
   if ((h->flags & kFlagAckAsk) && h->type != FrameType::kData) return "ack-ask flag on a non-data frame";
   h->payload_len = load_le32(in + 8);
   h->seq = load_le64(in + 16);

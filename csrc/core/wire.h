@@ -34,7 +34,10 @@ constexpr uint8_t kFlagEager = 4;   // data: an eager send (complete at the send
 // window is half full, the message ends here, or it is a resend). Other chunks are acked
 // once read_pass_bytes of them wait, or at the tick.
 constexpr uint8_t kFlagAckAsk = 8;
-constexpr uint8_t kKnownFlags = kFlagPayloadCrc | kFlagAbort | kFlagEager | kFlagAckAsk;
+// data, with kFlagAbort: the sender abandoned it because its collective did not match (the
+// receiver fails its receive with kMismatch, not kTimeout: a bystander of a mismatch names it).
+constexpr uint8_t kFlagAbortMismatch = 16;
+constexpr uint8_t kKnownFlags = kFlagPayloadCrc | kFlagAbort | kFlagEager | kFlagAckAsk | kFlagAbortMismatch;
 
 struct FrameHeader {
   FrameType type = FrameType::kData;

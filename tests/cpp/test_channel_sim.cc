@@ -23,7 +23,8 @@
 // Checked for every schedule: each request finishes exactly once; a matched send and
 // receive both succeed and the receive holds the sent bytes bit for bit (or they fail with
 // the documented cause: kMismatch for a size mismatch, kTimeout "abandoned" when the send
-// was cancelled, kAllRailsDown when every rail died); the receiver applied each byte
+// was cancelled (kMismatch "abandoned" when it was cancelled for a collective's mismatch),
+// kAllRailsDown when every rail died); the receiver applied each byte
 // exactly once (its rx_bytes equal what was sent); nothing is left in flight at the end; a
 // rail whose heartbeat came back counts that round trip as its smallest or larger.
 //
@@ -82,6 +83,7 @@ struct Msg {
   std::shared_ptr<Request> send, recv;
   int send_finishes = 0, recv_finishes = 0;
   bool send_cancelled = false, recv_cancelled = false;
+  bool cancelled_for_mismatch = false;   // the send was cancelled with kMismatch (a collective's disagreement)
 };
 
 class Sim;
@@ -459,7 +461,9 @@ class Sim {
       Msg& m = it->second;
       if (rng_.chance(0.5) && m.send && !m.send->finished()) {
         m.send_cancelled = true;
-        core_[m.dir]->cancel(m.send, Cause::kTimeout, "send cancelled by the test", now_);
+        m.cancelled_for_mismatch = rng_.chance(0.3);
+        core_[m.dir]->cancel(m.send, m.cancelled_for_mismatch ? Cause::kMismatch : Cause::kTimeout,
+                             "send cancelled by the test", now_);
       } else if (m.recv && !m.recv->finished()) {
         m.recv_cancelled = true;
         core_[1 - m.dir]->cancel(m.recv, Cause::kTimeout, "receive cancelled by the test", now_);
@@ -585,7 +589,11 @@ class Sim {
       // message, every rail lost for good.
       const Cause c = m.recv->error_cause();
       if (m.recv_len != m.len && !m.up_to && c == Cause::kMismatch) continue;
-      if (m.send_cancelled && c == Cause::kTimeout) continue;
+      // An abandoned message's receive names why: kMismatch when the sender's collective did
+      // not match (the abort mark carries it), else kTimeout.
+      if (m.send_cancelled && c == (m.cancelled_for_mismatch ? Cause::kMismatch : Cause::kTimeout) &&
+          m.recv->error_message().find("abandoned") != std::string::npos)
+        continue;
       if (dead_for_good_ && c == Cause::kAllRailsDown) continue;
       fail(who + ": the receive of " + std::to_string(m.recv_len) + " bytes failed (" + m.recv->error_message() + ")" +
            (send_ok ? " although its send succeeded" : ""));

@@ -302,6 +302,12 @@ void test_corrupt_fields() {
     h.payload_len = 0;
     FrameHeader got;
     check(decode_header(encode(h).data(), kLim, &got).empty(), "abort mark of a non-empty message is valid");
+    h.flags = kFlagAbort | kFlagAbortMismatch;
+    check(decode_header(encode(h).data(), kLim, &got).empty() && got.flags == h.flags,
+          "an abort mark that names a mismatch is valid and keeps both flags");
+    h.flags = kFlagAbortMismatch;
+    expect_reject(h, kLim, "abort-mismatch", "the abort-mismatch flag without the abort flag");
+    h.flags = kFlagAbort;
     h.payload_len = 10;
     expect_reject(h, kLim, "abort", "abort mark with a payload");
   }
@@ -406,6 +412,7 @@ void check_accepted_invariants(const Bytes& b, const FrameHeader& h, const WireL
   const int t = static_cast<int>(h.type);
   bool ok = t >= 1 && t <= 10 && (h.flags & ~kKnownFlags) == 0 &&
             (!(h.flags & kFlagAbort) || h.type == FrameType::kData) &&
+            (!(h.flags & kFlagAbortMismatch) || (h.flags & kFlagAbort)) &&
             (!(h.flags & kFlagAckAsk) || h.type == FrameType::kData);
   switch (h.type) {
     case FrameType::kData:
