@@ -1,9 +1,12 @@
 """Every private JAX name jax_r2ccl's JAX integration uses, in one place (with _compat/jax_kv.py
-for jax.distributed's key-value store; checked against jax/jaxlib 0.10.2 and 0.12.0.1, the two
+for jax.distributed's key-value store; checked against jax/jaxlib 0.10.2 and 0.12.1, the two
 ends of the supported range). The collective primitives of jax.lax, their abstract evaluation and the
 MLIR lowering registry are not public API: when JAX moves, this file is the one to fix."""
 
 from __future__ import annotations
+
+import functools
+import inspect
 
 from jax._src import config as _config
 from jax._src import core
@@ -37,6 +40,9 @@ psum_invariant_abstract_eval = parallel._psum_invariant_abstract_eval
 pmin_pmax_abstract_eval = parallel._pmin_pmax_abstract_eval
 all_gather_abstract_eval = parallel._all_gather_effectful_abstract_eval
 reduce_scatter_abstract_eval = parallel._reduce_scatter_effectful_abstract_eval
+if next(iter(inspect.signature(reduce_scatter_abstract_eval).parameters), None) == "name":
+    # jax >= 0.12.1 takes the primitive's name first (reduce_scatter_p binds "reduce_scatter").
+    reduce_scatter_abstract_eval = functools.partial(reduce_scatter_abstract_eval, "reduce_scatter")
 all_to_all_abstract_eval = parallel._all_to_all_effectful_abstract_eval
 insert_collective_pvary = parallel.insert_collective_pvary
 moveaxis = parallel._moveaxis
