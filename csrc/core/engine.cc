@@ -901,23 +901,23 @@ std::vector<std::pair<uint64_t, std::vector<uint8_t>>> Engine::staged_heads(int 
   return out;
 }
 
-void Engine::set_weight(int rank, int rail, double w) {
-  if (!(w >= 0) || !std::isfinite(w)) throw Error(Cause::kInvalidArgument, rank, "rail weight must be finite and >= 0");
+// On the engine thread: `fn` on the channel of `rank`, whose rail `rail` must exist.
+void Engine::on_rail(int rank, int rail, const std::function<void(ChannelCore&)>& fn) {
   call([&] {
     Peer& pr = *peer(rank);
     if (rail < 0 || rail >= static_cast<int>(pr.links.size()))
       throw Error(Cause::kInvalidArgument, rank, "rail " + std::to_string(rail) + " does not exist");
-    pr.core->set_weight(rail, w, now_ns());
+    fn(*pr.core);
   });
 }
 
+void Engine::set_weight(int rank, int rail, double w) {
+  if (!(w >= 0) || !std::isfinite(w)) throw Error(Cause::kInvalidArgument, rank, "rail weight must be finite and >= 0");
+  on_rail(rank, rail, [&](ChannelCore& ch) { ch.set_weight(rail, w, now_ns()); });
+}
+
 void Engine::set_standby(int rank, int rail, bool standby) {
-  call([&] {
-    Peer& pr = *peer(rank);
-    if (rail < 0 || rail >= static_cast<int>(pr.links.size()))
-      throw Error(Cause::kInvalidArgument, rank, "rail " + std::to_string(rail) + " does not exist");
-    pr.core->set_standby(rail, standby, now_ns());
-  });
+  on_rail(rank, rail, [&](ChannelCore& ch) { ch.set_standby(rail, standby, now_ns()); });
 }
 
 // ---------------------------------------------------------------- requests

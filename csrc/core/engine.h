@@ -162,6 +162,7 @@ class Engine {
   InjectResult inject(int peer, int rail, Fault fault, double rate);
   void set_weight(int peer, int rail, double w);
   void set_standby(int peer, int rail, bool standby);
+  void on_rail(int peer, int rail, const std::function<void(ChannelCore&)>& fn);
   void set_nic_state(int nic, bool up, const std::string& why);
   std::vector<NicInfo> nic_list() const;
   std::vector<int> peer_list();

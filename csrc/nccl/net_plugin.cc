@@ -31,7 +31,6 @@ struct NetPlugin::Comm {
   const Kind kind;
   const std::shared_ptr<Endpoint> ep;
   uint64_t listen_id = 0;         // kListen
-  int dev = 0;                    // the device NCCL opened it on
   int64_t listen_since_ns = 0;    // kListen: when accept() was first asked
   int peer = -1;                  // kSend, kRecv
   std::atomic<uint64_t> next_tag{0};
@@ -357,7 +356,6 @@ abi::Result NetPlugin::listen(int dev, void* handle, void** listen_comm) {
   h.encode(static_cast<uint8_t*>(handle));
   auto* c = new Comm(Comm::kListen, ep);
   c->listen_id = h.listen_id;
-  c->dev = dev;
   *listen_comm = c;
   return abi::kSuccess;
 }
