@@ -4,9 +4,11 @@
 #  1. link-bound: 2 hosts x 4 NICs at RATE (500mbit). For each of RUNS (3) rounds:
 #     plugin    the conformance harness's bandwidth case (tests/nccl/plugin_harness.cc): 256 MiB
 #               streamed in 512 KiB pieces with 8 in flight (NCCL's SIMPLE steps), every byte
-#               checked, then the 4 KiB isend -> test round trip (median of 300)
+#               checked, timed after 32 MiB the same way untimed (the rails come up meanwhile),
+#               then the 4 KiB isend -> test round trip (median of 300)
 #     endpoint  tests/nccl/endpoint_rtt.cc from C++ through the core's Endpoint: the same 256 MiB
-#               in the same 512 KiB pieces, 8 in flight, every byte checked (the baseline), and
+#               in the same 512 KiB pieces, 8 in flight, every byte checked, after the same
+#               untimed 32 MiB (the baseline), and
 #               the same 4 KiB isend -> test round trip; and `jax-r2ccl bench p2p --sizes
 #               256MiB --no-baselines` (whole 256 MiB messages from Python, every byte checked)
 #  2. CPU-bound: the same on a bed at CPU_RATE (100gbit: the shaping no longer binds, the two

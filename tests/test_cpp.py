@@ -1,5 +1,6 @@
 """Builds and runs the standalone C++ unit tests in tests/cpp (test_wire, test_digest, test_reduce,
-test_handshake, test_plan, test_rail_pace, test_channel_sim, test_verbs_host, test_socket_link), and the channel suite over two channels with a
+test_handshake, test_plan, test_rail_pace, test_channel_sim, test_verbs_host, test_socket_link,
+test_endpoint_poll), and the channel suite over two channels with a
 planted bug each (test_channel_sim_planted_dedup, _retransmit), which it must catch.
 
 test_channel_sim runs 10,000 seeded schedules in the quick tier (seeds 1..10,000) and the next
@@ -30,7 +31,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 BUILD_ROOT = ROOT / "build" / "pytest-cpp"
-TARGETS = ("test_wire", "test_handshake", "test_digest", "test_reduce", "test_plan", "test_rail_pace", "test_channel_sim", "test_verbs_host", "test_socket_link")
+TARGETS = ("test_wire", "test_handshake", "test_digest", "test_reduce", "test_plan", "test_rail_pace", "test_channel_sim", "test_verbs_host", "test_socket_link",
+           "test_endpoint_poll")
 PLANTED = ("test_channel_sim_planted_dedup", "test_channel_sim_planted_retransmit")
 QUICK_SCHEDULES, ALL_SCHEDULES = 10_000, 100_000
 ARGS = {("test_channel_sim", "plain"): ["--schedules", str(QUICK_SCHEDULES)],

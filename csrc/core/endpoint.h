@@ -160,6 +160,8 @@ class Endpoint : public std::enable_shared_from_this<Endpoint> {
   void testing_block_engine(double seconds);
   void testing_set_call_timeout(double seconds);
   std::string testing_call_from_engine_thread();
+  // Whether a caller's test() holds the test lease now (engine.h; tests/cpp/test_endpoint_poll.cc).
+  bool testing_test_lease_held() const;
 
  private:
   std::unique_ptr<Engine> engine_;

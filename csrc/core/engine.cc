@@ -515,10 +515,15 @@ void Engine::run() {
   while (!stop_.load()) {
     // Asleep without run_mu_, so a caller may take the caller's path meanwhile. Events it
     // handled first are seen here again and find nothing to do.
-    const int timeout_ms = next_timeout_ms(now_ns());
+    int timeout_ms = next_timeout_ms(now_ns());
+    if (lease_held_.load(std::memory_order_acquire)) {
+      const int64_t left = lease_until_ns_.load(std::memory_order_relaxed) - now_ns();
+      timeout_ms = std::min<int>(timeout_ms, static_cast<int>(std::clamp<int64_t>((left + kMs - 1) / kMs, 1, 1000)));
+    }
     running.unlock();
     const int w = epoll_wait(sleep_fd_, woke, 2, timeout_ms);
     running.lock();
+    end_test_lease(true);   // the poller stopped: the sockets are this thread's again
     for (int i = 0; i < w; i++)
       if (woke[i].data.ptr) on_event(static_cast<Pollable*>(woke[i].data.ptr), woke[i].events);
     const int n = epoll_wait(epfd_, events, 64, 0);
@@ -995,7 +1000,10 @@ void Engine::caller_polling(bool start) {
 
 bool Engine::caller_wait(const std::shared_ptr<Request>& req) {
   if (req->finished()) return true;
-  if (!may_take_caller_path(*req)) return false;
+  if (!may_take_caller_path(*req)) {
+    end_test_lease(false);   // this caller is about to block: the engine thread must watch the sockets
+    return false;
+  }
   const int64_t until = now_ns() + static_cast<int64_t>(cfg_.poll_us) * 1000;
   caller_polling(true);
   bool done = false;
@@ -1005,12 +1013,50 @@ bool Engine::caller_wait(const std::shared_ptr<Request>& req) {
     std::this_thread::yield();   // let the engine thread take run_mu_ if it waits for it
   }
   caller_polling(false);
+  if (!done) end_test_lease(false);
   return done;
+}
+
+// The test lease (engine.h): taken by a test() that polls, kept by every later one, ended
+// by the engine thread once kTestLeaseNs pass without one, or by a caller about to block.
+void Engine::renew_test_lease() {
+  lease_until_ns_.store(now_ns() + kTestLeaseNs, std::memory_order_relaxed);
+  if (lease_held_.load(std::memory_order_acquire)) return;
+  std::lock_guard<std::mutex> g(pollers_mu_);
+  if (leased_) return;
+  leased_ = true;
+  lease_held_.store(true, std::memory_order_release);
+  // The engine thread may be asleep until its next tick: wake it once, so it sleeps again no
+  // longer than the lease and looks at the sockets soon after this caller stops polling.
+  uint64_t one = 1;
+  ssize_t w = ::write(wakefd_, &one, sizeof one);
+  (void)w;
+  if (pollers_++ != 0) return;
+  epoll_event e{};
+  epoll_ctl(sleep_fd_, EPOLL_CTL_DEL, epfd_, &e);
+}
+
+void Engine::end_test_lease(bool only_if_lapsed) {
+  if (!lease_held_.load(std::memory_order_acquire)) return;
+  std::lock_guard<std::mutex> g(pollers_mu_);
+  if (!leased_ || (only_if_lapsed && now_ns() < lease_until_ns_.load(std::memory_order_relaxed))) return;
+  leased_ = false;
+  lease_held_.store(false, std::memory_order_release);
+  if (--pollers_ != 0) return;
+  epoll_event e{};
+  e.events = EPOLLIN;
+  e.data.ptr = nullptr;
+  epoll_ctl(sleep_fd_, EPOLL_CTL_ADD, epfd_, &e);
 }
 
 bool Engine::test(const std::shared_ptr<Request>& req) {
   if (req->finished()) return true;
-  if (may_take_caller_path(*req)) caller_poll();   // one pass; try_lock: never waits for the engine thread
+  // A caller that polls does the socket work of every request while it polls, large ones'
+  // included: the engine thread would only race it for the same events.
+  if (cfg_.poll_us > 0 && t_running != this) {
+    renew_test_lease();
+    caller_poll();   // one pass; try_lock: never waits for the engine thread
+  }
   return req->finished();
 }
 
@@ -1139,5 +1185,6 @@ void Endpoint::testing_set_call_timeout(double seconds) {
   engine_->testing_set_call_timeout_ms(static_cast<int64_t>(seconds * 1000));
 }
 std::string Endpoint::testing_call_from_engine_thread() { return engine_->testing_call_from_engine_thread(); }
+bool Endpoint::testing_test_lease_held() const { return engine_->testing_test_lease_held(); }
 
 }  // namespace r2ccl

@@ -134,6 +134,7 @@ class Engine {
   void testing_block(double seconds);
   void testing_set_call_timeout_ms(int64_t ms) { call_timeout_ms_.store(ms); }
   std::string testing_call_from_engine_thread();
+  bool testing_test_lease_held() const { return lease_held_.load(); }
 
   // Declares a peer; with `open`, its rails start connecting now, else on first use (open()).
   void add_peer(int peer, const std::vector<std::string>& addrs, bool open = true);
@@ -153,9 +154,10 @@ class Engine {
   // R2CCL_POLL_US, so its completion needs no hand-over. True if it finished.
   bool caller_wait(const std::shared_ptr<Request>& req);
   // Any thread but one already running the engine's work; never waits. True if the request
-  // has finished. A small one that has not gets one pass of the engine's socket work on this
-  // thread (the caller's path) when the engine thread is not running it: what an NCCL
-  // plugin's test() needs, called in a loop by NCCL's progress thread.
+  // has finished. One that has not gets one pass of the engine's socket work on this thread
+  // (the caller's path) when the engine thread is not running it, and the test lease keeps
+  // the engine thread off the sockets while this caller keeps polling: what an NCCL plugin's
+  // test() needs, called in a loop by NCCL's progress thread.
   bool test(const std::shared_ptr<Request>& req);
   void cancel(const std::shared_ptr<Request>& req, Cause cause, const std::string& why);
   std::vector<RailStats> stats(int peer);
@@ -186,6 +188,8 @@ class Engine {
   bool caller_poll();
   bool try_run_lock();
   void caller_polling(bool start);
+  void renew_test_lease();
+  void end_test_lease(bool only_if_lapsed);
   bool may_take_caller_path(const Request& req) const;
   void do_submit(const std::shared_ptr<Request>& req);
   void run();
@@ -254,7 +258,13 @@ class Engine {
 
   int epfd_ = -1, sleep_fd_ = -1, wakefd_ = -1;
   std::mutex pollers_mu_;
-  int pollers_ = 0;                // callers polling epfd_ now (caller_wait)
+  int pollers_ = 0;                // callers polling epfd_ now (caller_wait, and the test lease)
+  // The test lease: a caller polling test() in a loop (an NCCL plugin's progress thread) keeps
+  // the engine thread off the sockets until kTestLeaseNs after its last test(), so the frames
+  // it polls for need no hand-over (the engine thread looks again when the lease lapses).
+  bool leased_ = false;            // under pollers_mu_; holds one of pollers_
+  std::atomic<bool> lease_held_{false};
+  std::atomic<int64_t> lease_until_ns_{0};
   Pollable wake_poll_{Pollable::kWake};
   std::thread thread_;
   std::atomic<bool> stop_{false};

@@ -27,6 +27,10 @@ constexpr int kAcceptBatch = 16;
 constexpr int kStrangerLogLines = 8;
 constexpr int64_t kStrangerLogWindowNs = 10000 * kMs;
 constexpr int64_t kEagerDrainNs = 5000 * kMs;   // most a close waits for eager sends to be acked (or R2CCL_TIMEOUT)
+// How long after a caller's last test() the engine thread stays off the sockets (the test
+// lease, engine.h). epoll's clock is in ms, so the engine thread looks again 1-2 ms after a
+// caller stops polling without waiting.
+constexpr int64_t kTestLeaseNs = 1 * kMs;
 
 inline void random_bytes(uint8_t* out, size_t n) {
   while (n > 0) {
