@@ -5,6 +5,7 @@
 #include <array>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -123,6 +124,8 @@ class Endpoint : public std::enable_shared_from_this<Endpoint> {
   bool test(const std::shared_ptr<Request>& req);
 
   std::vector<RailStats> rail_stats(int peer);
+  // Every peer's rails in one call into the engine thread (what the health monitor samples).
+  std::map<int, std::vector<RailStats>> all_rail_stats();
   // Software fault injection on this side of one rail; sticky until Fault::kNone.
   // kClose: the connection is shut and not re-admitted; kStall: nothing is read or written;
   // kRate: writes are capped at rate_bytes_per_s. Returns what the rail held unacknowledged

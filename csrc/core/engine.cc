@@ -498,9 +498,10 @@ void Engine::set_interest(Link& l) {
 
 int Engine::next_timeout_ms(int64_t now) const {
   int64_t next = next_tick_ns_;
-  for (auto& [rank, pr] : peers_)
-    for (auto& l : pr->links)
-      if (pr->rail(l->index).cur.active && l->next_tx_ns > now) next = std::min(next, l->next_tx_ns);
+  if (rate_faults_seen_)   // only an injected rate fault paces a rail (O(rails): an NCCL plugin has thousands)
+    for (auto& [rank, pr] : peers_)
+      for (auto& l : pr->links)
+        if (pr->rail(l->index).cur.active && l->next_tx_ns > now) next = std::min(next, l->next_tx_ns);
   int64_t ms = (next - now + kMs - 1) / kMs;
   return static_cast<int>(std::clamp<int64_t>(ms, 0, 1000));
 }
@@ -531,13 +532,14 @@ void Engine::run() {
     run_commands();
     int64_t now = now_ns();
     // Rails waiting only for rate-limit tokens.
-    for (auto& [rank, pr] : peers_)
-      for (auto& l : pr->links)
-        if (pr->rail(l->index).cur.active && l->next_tx_ns && l->next_tx_ns <= now) {
-          l->next_tx_ns = 0;
-          pr->core->hold_rail(l->index, 0);
-          rail_writable(*pr, *l);
-        }
+    if (rate_faults_seen_)
+      for (auto& [rank, pr] : peers_)
+        for (auto& l : pr->links)
+          if (pr->rail(l->index).cur.active && l->next_tx_ns && l->next_tx_ns <= now) {
+            l->next_tx_ns = 0;
+            pr->core->hold_rail(l->index, 0);
+            rail_writable(*pr, *l);
+          }
     if (now >= next_tick_ns_) {
       tick(now);
       next_tick_ns_ = now + tick_ns;
@@ -758,50 +760,62 @@ bool Engine::probe_refused(Peer& pr) {
 
 // ---------------------------------------------------------------- stats, faults, weights
 
+// On the engine thread: the rails of `pr` appended to `out`.
+void Engine::collect_stats(const Peer& pr, int64_t now, double unix_now, std::vector<RailStats>& out) const {
+  for (auto& lp : pr.links) {
+    const Link& l = *lp;
+    const Rail& r = pr.rail(l.index);
+    RailStats s;
+    s.rail = r.index;
+    s.local_nic = r.local_nic;
+    s.remote_nic = r.remote_nic;
+    s.local_nic_name = nics_[r.local_nic].name;
+    s.local_addr = nics_[r.local_nic].addr_str();
+    s.remote_addr = pr.remote[r.remote_nic].str();
+    s.transport = rail_transport(r).name();
+    s.state = r.state;
+    s.weight = r.weight;
+    s.standby = r.standby;
+    s.tx_bytes = r.tx_bytes;
+    s.rx_bytes = r.rx_bytes;
+    s.tx_chunks = r.tx_chunks;
+    s.rx_chunks = r.rx_chunks;
+    s.acked_bytes = r.acked_bytes;
+    s.retransmitted_chunks = r.retransmitted;
+    s.inflight_bytes = r.inflight;
+    if (r.cur.active && r.cur.is_data)
+      s.unsent_bytes = r.cur.payload_len - (r.cur.done > kHeaderBytes ? r.cur.done - kHeaderBytes : 0);
+    s.failures = r.failures;
+    s.recoveries = r.recoveries;
+    s.stalls = r.stalls;
+    s.window_bytes = r.pace.window();
+    s.pace_bw = r.pace.bandwidth();
+    s.rtt_us = static_cast<double>(r.rtt_ns) / 1e3;
+    s.busy_s = static_cast<double>(r.busy_ns + (r.busy_since_ns ? now - r.busy_since_ns : 0)) / 1e9;
+    s.link_down = nic_down_[static_cast<size_t>(r.local_nic)];
+    s.fault = l.fault;
+    s.last_error = r.last_error;
+    s.last_reason = r.last_reason;
+    s.last_change_unix_s = unix_now - static_cast<double>(now - r.changed_ns) / 1e9;
+    s.last_failure_unix_s = r.failed_ns ? unix_now - static_cast<double>(now - r.failed_ns) / 1e9 : 0.0;
+    out.push_back(std::move(s));
+  }
+}
+
 std::vector<RailStats> Engine::stats(int rank) {
   std::vector<RailStats> out;
+  call([&] { collect_stats(*peer(rank), now_ns(), unix_time_s(), out); });
+  return out;
+}
+
+// One call into the engine thread for every peer (the health monitor's sample: one call per
+// peer cost a thread hand-over each, 20 times a second, for every NCCL connection).
+std::map<int, std::vector<RailStats>> Engine::all_stats() {
+  std::map<int, std::vector<RailStats>> out;
   call([&] {
-    Peer& pr = *peer(rank);
     const int64_t now = now_ns();
     const double unix_now = unix_time_s();
-    for (auto& lp : pr.links) {
-      const Link& l = *lp;
-      const Rail& r = pr.rail(l.index);
-      RailStats s;
-      s.rail = r.index;
-      s.local_nic = r.local_nic;
-      s.remote_nic = r.remote_nic;
-      s.local_nic_name = nics_[r.local_nic].name;
-      s.local_addr = nics_[r.local_nic].addr_str();
-      s.remote_addr = pr.remote[r.remote_nic].str();
-      s.transport = rail_transport(r).name();
-      s.state = r.state;
-      s.weight = r.weight;
-      s.standby = r.standby;
-      s.tx_bytes = r.tx_bytes;
-      s.rx_bytes = r.rx_bytes;
-      s.tx_chunks = r.tx_chunks;
-      s.rx_chunks = r.rx_chunks;
-      s.acked_bytes = r.acked_bytes;
-      s.retransmitted_chunks = r.retransmitted;
-      s.inflight_bytes = r.inflight;
-      if (r.cur.active && r.cur.is_data)
-        s.unsent_bytes = r.cur.payload_len - (r.cur.done > kHeaderBytes ? r.cur.done - kHeaderBytes : 0);
-      s.failures = r.failures;
-      s.recoveries = r.recoveries;
-      s.stalls = r.stalls;
-      s.window_bytes = r.pace.window();
-      s.pace_bw = r.pace.bandwidth();
-      s.rtt_us = static_cast<double>(r.rtt_ns) / 1e3;
-      s.busy_s = static_cast<double>(r.busy_ns + (r.busy_since_ns ? now - r.busy_since_ns : 0)) / 1e9;
-      s.link_down = nic_down_[static_cast<size_t>(r.local_nic)];
-      s.fault = l.fault;
-      s.last_error = r.last_error;
-      s.last_reason = r.last_reason;
-      s.last_change_unix_s = unix_now - static_cast<double>(now - r.changed_ns) / 1e9;
-      s.last_failure_unix_s = r.failed_ns ? unix_now - static_cast<double>(now - r.failed_ns) / 1e9 : 0.0;
-      out.push_back(std::move(s));
-    }
+    for (auto& [rank, pr] : peers_) collect_stats(*pr, now, unix_now, out[rank]);
   });
   return out;
 }
@@ -822,6 +836,7 @@ InjectResult Engine::inject(int rank, int rail, Fault fault, double rate) {
     R2_WARN("%s: injected fault '%s'", pr.core->rail_name(rail).c_str(),
             fault == Fault::kNone ? "heal" : fault_name(fault));
     l.fault = fault;
+    if (fault == Fault::kRate) rate_faults_seen_ = true;
     l.rate_bps = rate;
     l.tokens = 0;
     l.tokens_ns = now;
@@ -1168,6 +1183,7 @@ void Endpoint::wait(const std::shared_ptr<Request>& req, double timeout_s) {
 }
 
 std::vector<RailStats> Endpoint::rail_stats(int peer) { return engine_->stats(peer); }
+std::map<int, std::vector<RailStats>> Endpoint::all_rail_stats() { return engine_->all_stats(); }
 InjectResult Endpoint::inject(int peer, int rail, Fault f, double rate) { return engine_->inject(peer, rail, f, rate); }
 void Endpoint::set_rail_weight(int peer, int rail, double w) { engine_->set_weight(peer, rail, w); }
 void Endpoint::set_rail_standby(int peer, int rail, bool standby) { engine_->set_standby(peer, rail, standby); }

@@ -97,6 +97,7 @@ struct Peer final : RailIo {
 
   Channel& ch() { return core->ch; }
   Rail& rail(int i) { return *core->ch.rails[static_cast<size_t>(i)]; }
+  const Rail& rail(int i) const { return *core->ch.rails[static_cast<size_t>(i)]; }
   void kick(int rail) override;
   void drop(int rail, bool was_up) override;
   void redial(int rail) override;
@@ -161,6 +162,7 @@ class Engine {
   bool test(const std::shared_ptr<Request>& req);
   void cancel(const std::shared_ptr<Request>& req, Cause cause, const std::string& why);
   std::vector<RailStats> stats(int peer);
+  std::map<int, std::vector<RailStats>> all_stats();   // every peer's, in one call
   InjectResult inject(int peer, int rail, Fault fault, double rate);
   void set_weight(int peer, int rail, double w);
   void set_standby(int peer, int rail, bool standby);
@@ -198,6 +200,7 @@ class Engine {
   void tick(int64_t now);
   void share_windows(int64_t now);
   int next_timeout_ms(int64_t now) const;
+  void collect_stats(const Peer& pr, int64_t now, double unix_now, std::vector<RailStats>& out) const;
 
   // listeners and acceptor-side handshake
   void accept_all(int nic);
@@ -246,6 +249,7 @@ class Engine {
   std::unique_ptr<PeerIdentity> identity_;   // who peers are; what their rails prove
   LinkOptions linkopt_;
   WireLimits limits_{};
+  bool rate_faults_seen_ = false;   // engine thread: a rate fault was injected (Link::next_tx_ns in use)
   int io_threads_ = 0;             // the transport's I/O threads (R2CCL_IO_THREADS resolved)
   std::unique_ptr<Transport> tp_;   // sockets: NICs R2CCL_TRANSPORT gives no RDMA port
   std::unique_ptr<Transport> vtp_;  // verbs: made when some NIC uses it

@@ -269,16 +269,10 @@ void Monitor::link_change(size_t i, bool up, const std::string& why) {
 }
 
 void Monitor::sample(int64_t now) {
-  std::vector<int> peers = ep_->peers();
-  std::map<int, std::vector<RailStats>> by_peer;
-  for (int peer : peers) {
-    try {
-      by_peer[peer] = ep_->rail_stats(peer);
-    } catch (const Error& e) {
-      // A peer removed since peers() (an NCCL plugin's closed connection): nothing to watch.
-      if (e.cause() != Cause::kInvalidArgument) throw;
-    }
-  }
+  // One call for every peer: an NCCL plugin holds a peer per connection, hundreds of them.
+  std::map<int, std::vector<RailStats>> by_peer = ep_->all_rail_stats();
+  std::vector<int> peers;
+  for (const auto& [peer, rails] : by_peer) peers.push_back(peer);
   for (int peer : peers) {
     const std::vector<RailStats>& stats = by_peer[peer];
     double best = 0;

@@ -999,9 +999,13 @@ void case_fatal(uint64_t seed) {
 // with 8 in flight, every byte checked, after --warmup-bytes (32 MiB) the same way untimed;
 // then a 4 KiB isend -> test round trip, 300 times after 30 untimed (rank 1 echoes). Prints
 // "BW <MB/s>" and "RTT <median us>".
-void case_bandwidth(uint64_t total, size_t slot, uint64_t warmup) {
+void case_bandwidth(uint64_t total, size_t slot, uint64_t warmup, int idle_conns) {
   check(g_world == 2, "bandwidth runs on 2 processes");
   net.init();
+  // --idle-conns: that many more connection pairs open and idle meanwhile (their rails
+  // heartbeat, the monitor samples them), as a job's other channels and peers would be.
+  std::vector<Conn> idle;
+  for (int k = 0; k < idle_conns; k++) idle.push_back(connect_ring("idle" + std::to_string(k)));
   Conn c = connect_ring("bw");
   const int slots = 8;
   std::vector<std::vector<uint8_t>> buf(slots, std::vector<uint8_t>(slot));
@@ -1095,10 +1099,11 @@ void case_bandwidth(uint64_t total, size_t slot, uint64_t warmup) {
   net.d().dereg_mr(c.recv, rmh);
   for (int s = 0; s < slots; s++) net.d().dereg_mr(comm, mh[s]);
   close_conn(c);
+  for (auto& i : idle) close_conn(i);
   net.finalize();
   std::printf("harness: bandwidth rank %d: ok BW %.1f MB/s (%" PRIu64 " bytes in %zu-byte pieces, 8 in flight, %.3f s) "
-              "RTT %.1f us (4 KiB isend->test round trip, median of 300)\n",
-              g_rank, static_cast<double>(total) / secs / 1e6, total, slot, secs, rtt[rtt.size() / 2]);
+              "RTT %.1f us (4 KiB isend->test round trip, median of 300; %d idle connection pairs)\n",
+              g_rank, static_cast<double>(total) / secs / 1e6, total, slot, secs, rtt[rtt.size() / 2], idle_conns);
 }
 
 }  // namespace
@@ -1108,6 +1113,7 @@ int main(int argc, char** argv) {
   uint64_t seed = 1, bytes = 256ull << 20;
   size_t slot = 512 << 10;
   uint64_t warmup_bytes = 32ull << 20;
+  int idle_conns = 0;
   double seconds = 3;
   std::string collective = "both";
   bool expect_error = false;
@@ -1129,6 +1135,7 @@ int main(int argc, char** argv) {
     else if (a == "--bytes") bytes = std::stoull(next());
     else if (a == "--slot") slot = std::stoull(next());
     else if (a == "--warmup-bytes") warmup_bytes = std::stoull(next());
+    else if (a == "--idle-conns") idle_conns = std::stoi(next());
     else if (a == "--seconds") seconds = std::stod(next());
     else if (a == "--dev") g_dev = std::stoi(next());
     else if (a == "--devices") g_devices = std::stoi(next());
@@ -1148,7 +1155,7 @@ int main(int argc, char** argv) {
   else if (which == "reload") case_reload(seed);
   else if (which == "faults") case_faults(seed);
   else if (which == "fatal") case_fatal(seed);
-  else if (which == "bandwidth") case_bandwidth(bytes, slot, warmup_bytes);
+  else if (which == "bandwidth") case_bandwidth(bytes, slot, warmup_bytes, idle_conns);
   else if (which == "loop") case_loop(seed, seconds, collective, expect_error, loop_bytes);
   else die("unknown case " + which);
   net.close();
