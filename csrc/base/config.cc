@@ -32,6 +32,7 @@ std::string Config::validate() const {
   if (!(bootstrap_timeout_s > 0)) return bad("R2CCL_BOOTSTRAP_TIMEOUT", "must be > 0 seconds");
   if (heartbeat_ms < 1) return bad("R2CCL_HEARTBEAT_MS", "must be >= 1");
   if (heartbeat_misses < 1) return bad("R2CCL_HEARTBEAT_MISSES", "must be >= 1");
+  if (rest_heartbeat_ms < 0) return bad("R2CCL_REST_HEARTBEAT_MS", "must be >= 0 (0: connections never rest)");
   if (stall_ms < 1) return bad("R2CCL_STALL_MS", "must be >= 1");
   if (mismatch_ms < 1 || mismatch_ms > 3600000) return bad("R2CCL_MISMATCH_MS", "must be 1..3600000");
   if (reprobe_ms < 1) return bad("R2CCL_REPROBE_MS", "must be >= 1");

@@ -75,6 +75,7 @@ struct Config {
   double bootstrap_timeout_s = 300.0;        // R2CCL_BOOTSTRAP_TIMEOUT: every rank's addresses and rails at start
   int heartbeat_ms = 100;                    // R2CCL_HEARTBEAT_MS: idle-rail heartbeat period
   int heartbeat_misses = 3;                  // R2CCL_HEARTBEAT_MISSES: silent periods before a rail fails
+  int rest_heartbeat_ms = 1000;              // R2CCL_REST_HEARTBEAT_MS: heartbeat period of an idle connection (0: off)
   int stall_ms = 250;                        // R2CCL_STALL_MS: busy rail without acks while siblings progress
   int reprobe_ms = 200;                      // R2CCL_REPROBE_MS: retry period for a failed rail (failback)
   int connect_timeout_ms = 2000;             // R2CCL_CONNECT_TIMEOUT_MS: one connect + handshake attempt

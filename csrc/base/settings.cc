@@ -98,6 +98,11 @@ std::vector<Setting> build_table() {
        std::string() + "Heartbeat period on idle rails."},
       {"R2CCL_HEARTBEAT_MISSES", "heartbeat_misses", SettingKind::kInt, &Config::heartbeat_misses,
        std::string() + "Heartbeat periods of silence after which a rail is declared failed."},
+      {"R2CCL_REST_HEARTBEAT_MS", "rest_heartbeat_ms", SettingKind::kInt, &Config::rest_heartbeat_ms,
+       std::string() + "Heartbeat period of a connection at rest: one with nothing posted or in flight for this "
+       "long beats this slowly (after telling its peer, which then waits R2CCL_HEARTBEAT_MISSES of these "
+       "periods before failing the rail), and at R2CCL_HEARTBEAT_MS again once anything is posted. "
+       "An NCCL job holds hundreds of mostly idle connections. 0: never rest."},
       {"R2CCL_STALL_MS", "stall_ms", SettingKind::kInt, &Config::stall_ms,
        std::string() + "A rail with unacknowledged chunks and no ack for this long plus the time its own "
        "measured bandwidth needs to drain them, while a sibling rail is alive, is declared "

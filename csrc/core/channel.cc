@@ -41,9 +41,10 @@ Cause abandoned_cause(bool mismatch) { return mismatch ? Cause::kMismatch : Caus
 }  // namespace
 
 
-void encode_control(TxFrame* f, FrameType t, std::vector<uint8_t> payload, uint64_t seq) {
+void encode_control(TxFrame* f, FrameType t, std::vector<uint8_t> payload, uint64_t seq, uint8_t flags) {
   FrameHeader h;
   h.type = t;
+  h.flags = flags;
   h.payload_len = static_cast<uint32_t>(payload.size());
   h.seq = seq;
   f->owned = std::move(payload);
@@ -62,6 +63,7 @@ ChannelSettings ChannelSettings::from(const Config& cfg) {
   s.stall_ns = cfg.stall_ms * kMs;
   s.heartbeat_ns = cfg.heartbeat_ms * kMs;
   s.heartbeat_misses = cfg.heartbeat_misses;
+  s.rest_heartbeat_ns = static_cast<int64_t>(cfg.rest_heartbeat_ms) * kMs;
   s.timeout_ns = static_cast<int64_t>(cfg.timeout_s * 1e9);
   s.pace.max_window = cfg.rail_window_bytes;
   s.pace.max_chunk = cfg.chunk_bytes;
@@ -101,10 +103,23 @@ uint64_t ChannelCore::staged_bytes() const {
   return n;
 }
 
-void ChannelCore::queue_ctrl(Rail& r, FrameType t, std::vector<uint8_t> payload, uint64_t seq) {
+void ChannelCore::queue_ctrl(Rail& r, FrameType t, std::vector<uint8_t> payload, uint64_t seq, uint8_t flags) {
   TxFrame f;
-  encode_control(&f, t, std::move(payload), seq);
+  encode_control(&f, t, std::move(payload), seq, flags);
   transport_frame(r.index, std::move(f));
+}
+
+// A heartbeat (or its echo, `echoed` the peer's clock) on `r`, saying whether this connection
+// is at rest: the peer waits accordingly, and this end may beat slowly on `r` only once it
+// has said so there.
+void ChannelCore::queue_heartbeat(Rail& r, int64_t now, const uint8_t* echoed) {
+  std::vector<uint8_t> body(kHeartbeatBytes, 0);
+  store_le64(body.data(), static_cast<uint64_t>(now));
+  if (echoed) std::memcpy(body.data() + 8, echoed, 8);
+  r.rest_announced = ch.resting;
+  queue_ctrl(r, echoed ? FrameType::kHeartbeatAck : FrameType::kHeartbeat, std::move(body), 0,
+             ch.resting ? kFlagResting : 0);
+  io_->kick(r.index);
 }
 
 void ChannelCore::frame_written(int rail, int64_t now) {
@@ -171,6 +186,7 @@ void ChannelCore::rail_up(int rail, int64_t now) {
   r.ever_up = true;
   r.closed_by_peer = false;
   r.last_rx_ns = r.last_tx_ns = r.last_ack_ns = r.progress_ns = r.changed_ns = now;
+  r.peer_resting = r.rest_announced = false;   // a new connection: neither end has said anything
   r.vtime = ch.vclock;
   r.cur = TxFrame();
   r.ctrl.clear();
@@ -295,12 +311,7 @@ void ChannelCore::goodbye() {
 size_t ChannelCore::request_acks(int64_t now) {
   if (ch.dead || ch.eager_sends.empty()) return ch.dead ? 0 : ch.eager_sends.size();
   for (auto& r : ch.rails)
-    if (r->state == RailState::kUp && !r->paused && r->ctrl.empty()) {
-      std::vector<uint8_t> body(kHeartbeatBytes, 0);
-      store_le64(body.data(), static_cast<uint64_t>(now));
-      queue_ctrl(*r, FrameType::kHeartbeat, std::move(body));
-      io_->kick(r->index);
-    }
+    if (r->state == RailState::kUp && !r->paused && r->ctrl.empty()) queue_heartbeat(*r, now, nullptr);
   return ch.eager_sends.size();
 }
 
@@ -534,10 +545,13 @@ bool ChannelCore::on_header(int rail, int64_t now) {
 void ChannelCore::on_frame(int rail, int64_t now) {
   Rail& r = *ch.rails[static_cast<size_t>(rail)];
   r.last_rx_ns = now;
-  if (r.rx.h.type == FrameType::kData)
+  if (r.rx.h.type == FrameType::kData) {
+    ch.active_ns = now;   // the peer is sending: not at rest
+    ch.resting = false;
     data_frame(r);
-  else
+  } else {
     control_frame(r, now);
+  }
   r.rx.reset();
 }
 
@@ -669,15 +683,13 @@ void ChannelCore::control_frame(Rail& r, int64_t now) {
       return;
     }
     case FrameType::kHeartbeat: {
+      r.peer_resting = (r.rx.h.flags & kFlagResting) != 0;
       r.ack_now = true;   // the acks that wait go out with the echo (a closing sender asks so)
-      std::vector<uint8_t> echo(kHeartbeatBytes);
-      store_le64(echo.data(), static_cast<uint64_t>(now));
-      std::memcpy(echo.data() + 8, body.data(), 8);
-      queue_ctrl(r, FrameType::kHeartbeatAck, std::move(echo));
-      io_->kick(r.index);
+      queue_heartbeat(r, now, body.data());
       return;
     }
     case FrameType::kHeartbeatAck: {
+      r.peer_resting = (r.rx.h.flags & kFlagResting) != 0;
       // Liveness is last_rx_ns; the round trip is a sample for the health monitor and for
       // the window's smallest round trip (RailPace::on_rtt). The echoed clock is our own, so
       // only a value in the past is believed.
@@ -791,6 +803,8 @@ void ChannelCore::flush_acks(Rail& r) {
 // ---------------------------------------------------------------- requests
 
 void ChannelCore::submit(const std::shared_ptr<Request>& req, int64_t now) {
+  ch.active_ns = now;   // no longer at rest: heartbeats at R2CCL_HEARTBEAT_MS again
+  ch.resting = false;
   if (ch.dead) {
     if (req->kind == Request::kRecv &&
         ch.unexpected.count({req->tag, !req->tag_once && ch.rx_tag_seq.count(req->tag) ? ch.rx_tag_seq[req->tag] : 0u})) {
@@ -971,6 +985,11 @@ void ChannelCore::kill(Cause cause, const std::string& why) {
 void ChannelCore::tick(int64_t now, const std::vector<int64_t>& nic_drain_ns) {
   if (ch.dead) return;
   const int64_t stall = set_.stall_ns, hb = set_.heartbeat_ns;
+  // At rest: nothing posted, queued or unacknowledged either way for rest_heartbeat_ns.
+  const bool busy = !ch.sendq.empty() || !ch.retx.empty() || !ch.window.empty() || !ch.sends.empty() ||
+                    !ch.eager_sends.empty() || !ch.posted.empty() || !ch.inmsgs.empty();
+  if (busy || ch.active_ns == 0) ch.active_ns = now;
+  ch.resting = set_.rest_heartbeat_ns > hb && now - ch.active_ns >= set_.rest_heartbeat_ns;
   for (auto& rp : ch.rails) {
     Rail& r = *rp;
     if (r.state != RailState::kUp) continue;
@@ -989,16 +1008,15 @@ void ChannelCore::tick(int64_t now, const std::vector<int64_t>& nic_drain_ns) {
                     std::to_string((now - r.progress_ns) / kMs) + " ms (its measured drain time: " +
                     std::to_string(drain / kMs) + " ms) while other rails progress",
                 now);
-    } else if (now - r.last_rx_ns > hb * set_.heartbeat_misses) {
+    } else if (now - r.last_rx_ns > (r.peer_resting ? std::max(hb, set_.rest_heartbeat_ns) : hb) * set_.heartbeat_misses) {
       fail_rail(r.index, FailReason::kSilent,
                 "silent for " + std::to_string((now - r.last_rx_ns) / kMs) + " ms (" +
-                    std::to_string(set_.heartbeat_misses) + " heartbeats missed)",
+                    std::to_string(set_.heartbeat_misses) + " heartbeats missed" +
+                    (r.peer_resting ? ", the peer at rest" : "") + ")",
                 now);
-    } else if (now - r.last_tx_ns >= hb && !r.cur.active && r.ctrl.empty() && !r.paused) {
-      std::vector<uint8_t> body(kHeartbeatBytes, 0);
-      store_le64(body.data(), static_cast<uint64_t>(now));
-      queue_ctrl(r, FrameType::kHeartbeat, std::move(body));
-      io_->kick(r.index);
+    } else if (now - r.last_tx_ns >= (ch.resting && r.rest_announced ? set_.rest_heartbeat_ns : hb) && !r.cur.active &&
+               r.ctrl.empty() && !r.paused) {
+      queue_heartbeat(r, now, nullptr);
     }
     if (ch.dead) return;
     // Acks of eager chunks wait at most until here.

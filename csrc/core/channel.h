@@ -41,7 +41,7 @@ struct TxFrame {
   size_t total() const { return kHeaderBytes + payload_len; }
 };
 // Fills `f` with a control frame (its payload moves into f->owned).
-void encode_control(TxFrame* f, FrameType t, std::vector<uint8_t> payload, uint64_t seq = 0);
+void encode_control(TxFrame* f, FrameType t, std::vector<uint8_t> payload, uint64_t seq = 0, uint8_t flags = 0);
 
 // A frame being received. The transport fills hdr and decodes it into h; the channel
 // (on_header) says where the payload goes: dest, a growing staging buffer, scratch (read and
@@ -110,6 +110,9 @@ struct Rail {
   int64_t last_rx_ns = 0, last_tx_ns = 0, last_ack_ns = 0, progress_ns = 0, changed_ns = 0;
   int64_t failed_ns = 0;           // when it last failed (0: never)
   int64_t rtt_ns = 0;              // last heartbeat round trip (0: none yet)
+  // Resting (ChannelSettings::rest_heartbeat_ns): the peer said, in its last heartbeat or
+  // echo on this rail, that it beats slowly; this end said so on this rail (only then may it).
+  bool peer_resting = false, rest_announced = false;
   bool closed_by_peer = false;     // the established connection ended by EOF or reset (not silence)
 
   uint64_t tx_bytes = 0, rx_bytes = 0, tx_chunks = 0, rx_chunks = 0, acked_bytes = 0;
@@ -184,6 +187,8 @@ struct Channel {
   Cause dead_cause = Cause::kSystem;
   std::string dead_msg;
   bool bye_received = false;
+  int64_t active_ns = 0;           // the last tick that found it with work (tick)
+  bool resting = false;            // nothing to do for rest_heartbeat_ns: heartbeats slow down
   int64_t all_down_since = 0;
   int protocol_errors = 0;
 
@@ -235,6 +240,7 @@ struct ChannelSettings {
   int64_t stall_ns = 250 * 1000000LL;
   int64_t heartbeat_ns = 100 * 1000000LL;
   int heartbeat_misses = 3;
+  int64_t rest_heartbeat_ns = 0;             // a connection at rest beats this slowly (0: never rests)
   int64_t timeout_ns = 30 * 1000000000LL;
   RailPaceLimits pace;
   uint64_t eager_bytes = 0;                 // sends up to this size are eager (0: none)
@@ -314,7 +320,8 @@ class ChannelCore {
   std::vector<std::pair<uint64_t, std::vector<uint8_t>>> staged_heads(size_t n) const;
 
  private:
-  void queue_ctrl(Rail& r, FrameType t, std::vector<uint8_t> payload, uint64_t seq = 0);
+  void queue_ctrl(Rail& r, FrameType t, std::vector<uint8_t> payload, uint64_t seq = 0, uint8_t flags = 0);
+  void queue_heartbeat(Rail& r, int64_t now, const uint8_t* echoed);
   bool next_chunk(Chunk* c, uint64_t max_len);
   void on_ack(uint64_t first, uint64_t last, int64_t now);
   void post_recv(const std::shared_ptr<Request>& req);

@@ -45,6 +45,8 @@ std::string decode_header(const uint8_t in[kHeaderBytes], const WireLimits& lim,
   if ((h->flags & kFlagAbort) && h->type != FrameType::kData) return "abort flag on a non-data frame";
   if ((h->flags & kFlagAbortMismatch) && !(h->flags & kFlagAbort)) return "abort-mismatch flag without the abort flag";
   if ((h->flags & kFlagAckAsk) && h->type != FrameType::kData) return "ack-ask flag on a non-data frame";
+  if ((h->flags & kFlagResting) && h->type != FrameType::kHeartbeat && h->type != FrameType::kHeartbeatAck)
+    return "resting flag on a frame other than a heartbeat";
   h->payload_len = load_le32(in + 8);
   h->seq = load_le64(in + 16);
   h->msg_id = load_le64(in + 24);

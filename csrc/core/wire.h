@@ -10,7 +10,7 @@
 namespace r2ccl {
 
 constexpr uint32_t kWireMagic = 0x43433252;  // "R2CC" on the wire
-constexpr uint16_t kWireVersion = 2;   // 2: kFlagAckAsk
+constexpr uint16_t kWireVersion = 3;   // 2: kFlagAckAsk; 3: kFlagAbortMismatch, kFlagResting
 constexpr size_t kHeaderBytes = 64;
 constexpr size_t kNonceBytes = 32;
 constexpr size_t kMacBytes = 32;
@@ -37,7 +37,10 @@ constexpr uint8_t kFlagAckAsk = 8;
 // data, with kFlagAbort: the sender abandoned it because its collective did not match (the
 // receiver fails its receive with kMismatch, not kTimeout: a bystander of a mismatch names it).
 constexpr uint8_t kFlagAbortMismatch = 16;
-constexpr uint8_t kKnownFlags = kFlagPayloadCrc | kFlagAbort | kFlagEager | kFlagAckAsk | kFlagAbortMismatch;
+// heartbeat and its echo: the sender's connection is at rest and beats every
+// R2CCL_REST_HEARTBEAT_MS from now on (its peer waits that much longer before calling it silent)
+constexpr uint8_t kFlagResting = 32;
+constexpr uint8_t kKnownFlags = kFlagPayloadCrc | kFlagAbort | kFlagEager | kFlagAckAsk | kFlagAbortMismatch | kFlagResting;
 
 struct FrameHeader {
   FrameType type = FrameType::kData;

@@ -102,7 +102,9 @@ struct SimIo final : RailIo {
 
 class Sim {
  public:
-  Sim(uint64_t seed, bool verbose) : rng_{seed * 0x2545F4914F6CDD1DULL + 1}, verbose_(verbose) {
+  // rest_ns >= 0: the resting scenario's fixed channel (rest_scenario): 2 rails, no doom,
+  // no eager sends, that rest period.
+  Sim(uint64_t seed, bool verbose, int64_t rest_ns = -1) : rng_{seed * 0x2545F4914F6CDD1DULL + 1}, verbose_(verbose) {
     rails_ = 1 + static_cast<int>(rng_.below(kRailsMax));
     doom_ = rng_.chance(0.1);
     set_.crc = rng_.chance(0.3);
@@ -123,6 +125,15 @@ class Sim {
     set_.eager_held_bytes = 512 << rng_.below(6);
     set_.lazy_ack_bytes = 64;
     set_.read_pass_bytes = 256 << rng_.below(4);   // undrained passes ack once this much waits
+    // Connections at rest (slow heartbeats, kFlagResting) in half the schedules, entered
+    // whenever the schedule leaves the channel idle that long.
+    set_.rest_heartbeat_ns = rng_.chance(0.5) ? static_cast<int64_t>(150 + rng_.below(400)) * kMs : 0;
+    if (rest_ns >= 0) {
+      rails_ = 2;
+      doom_ = false;
+      set_.eager_bytes = 0;
+      set_.rest_heartbeat_ns = rest_ns;
+    }
     limits_.max_chunk_bytes = kChunkBytesMax;
     limits_.max_message_bytes = 1 << 20;
     std::vector<std::pair<int, int>> pairs;
@@ -179,6 +190,75 @@ class Sim {
     return err_;
   }
 
+  // The resting scenario, deterministic (no random events): 20 s idle after one message, a
+  // message, then a black hole on rail 0 while idle again. Frames move as soon as they are
+  // written; time moves in 20 ms steps. Returns "" or what went wrong; `hb` counts the
+  // heartbeats and echoes written during the idle window [5 s, 20 s).
+  std::string rest_scenario(uint64_t* hb, int64_t* hole_found_ns) {
+    auto settle = [&] {
+      for (int i = 0; i < 1000; i++) {
+        bool moved = false;
+        for (int s = 0; s < 2; s++)
+          for (int r = 0; r < rails_; r++) {
+            if (rail(s, r).state == RailState::kUp && !rail(s, r).paused && rail(s, r).cur.active) {
+              write(s, r);
+              moved = true;
+            }
+            if (holding_[s][r] || !conns_[r].pipe[1 - s].empty()) {
+              const size_t before = conns_[r].pipe[1 - s].size();
+              deliver(s, r);
+              moved = moved || before != conns_[r].pipe[1 - s].size() || holding_[s][r];
+            }
+          }
+        if (!moved) return;
+      }
+    };
+    auto one_message = [&](uint64_t tag) {
+      Msg& m = msg(0, tag, 0);
+      post_recv(m);
+      post_send(m);
+      for (int i = 0; i < 500 && !(m.send->finished() && m.recv->finished()); i++) {
+        settle();
+        advance(20 * kMs);
+      }
+      settle();
+      return m.send->finished() && m.recv->finished() && !m.recv->failed() && m.dst == m.want;
+    };
+    if (!one_message(1)) return "the first message did not arrive intact";
+    uint64_t failures0 = 0;
+    for (int s = 0; s < 2; s++)
+      for (int r = 0; r < rails_; r++) failures0 += rail(s, r).failures;
+    const int64_t t0 = now_;
+    hb_frames_ = 0;
+    while (now_ - t0 < 20000 * kMs) {
+      if (now_ - t0 < 5000 * kMs) hb_frames_ = 0;
+      advance(20 * kMs);
+      settle();
+      if (!err_.empty()) return err_;
+    }
+    *hb = hb_frames_;
+    uint64_t failures = 0;
+    for (int s = 0; s < 2; s++)
+      for (int r = 0; r < rails_; r++) failures += rail(s, r).failures;
+    if (failures != failures0)
+      return std::to_string(failures - failures0) + " rail failure(s) while idle with no fault (rest " +
+             std::to_string(set_.rest_heartbeat_ns / kMs) + " ms)";
+    const bool rested = core_[0]->ch.resting && core_[1]->ch.resting;
+    if (rested != (set_.rest_heartbeat_ns > set_.heartbeat_ns)) return "the idle channel's resting state is wrong";
+    if (!one_message(2)) return "the message after the rest did not arrive intact";
+    if (core_[0]->ch.resting || core_[1]->ch.resting) return "a channel still at rest right after a message";
+    // Idle again, then rail 0 turns into a black hole: the silence timer must still find it.
+    for (int i = 0; i < 100; i++) advance(20 * kMs), settle();
+    conns_[0].broken = true;
+    conns_[0].pipe[0].clear();
+    conns_[0].pipe[1].clear();
+    const int64_t hole = now_;
+    while (up(0, 0) && now_ - hole < 30000 * kMs) advance(20 * kMs), settle();
+    if (up(0, 0)) return "the black hole on rail 0 was not found within 30 s";
+    *hole_found_ns = now_ - hole;
+    return "";
+  }
+
   // ------------------------------------------------------------- the RailIo side
   void kick(int side, int rail) {
     if (in_kick_[side][rail] || !rng_.chance(0.4)) return;   // written later by a write event
@@ -233,6 +313,9 @@ class Sim {
     if (rl.state != RailState::kUp || rl.paused || !rl.cur.active || !c.open[side]) return;
     std::vector<uint8_t> f(rl.cur.hdr, rl.cur.hdr + kHeaderBytes);
     if (rl.cur.payload_len) f.insert(f.end(), rl.cur.payload, rl.cur.payload + rl.cur.payload_len);
+    const uint8_t type = f[6];
+    if (type == static_cast<uint8_t>(FrameType::kHeartbeat) || type == static_cast<uint8_t>(FrameType::kHeartbeatAck))
+      hb_frames_++;
     const bool data = rl.cur.is_data && rl.cur.payload_len > 0;
     core_[side]->frame_written(r, now_);
     if (c.broken) return;
@@ -644,6 +727,7 @@ class Sim {
   bool in_kick_[2][kRailsMax] = {};
   int redials_[2] = {0, 0};
   int corruptions_ = 0, dups_ = 0;
+  uint64_t hb_frames_ = 0;                 // heartbeats and echoes written (rest_scenario)
 
  public:
   uint64_t eager_sends_ = 0;
@@ -683,6 +767,27 @@ int main(int argc, char** argv) {
     }
   }
   log_set_level(verbose ? static_cast<int>(LogLevel::kInfo) : -1);
+  if (!expect_failure) {
+    // Resting: an idle connection beats ~10x less often, never fails a healthy rail for it,
+    // wakes up for the next message, and still finds a black hole (within the resting
+    // peer's 3 slow periods). Beside it the same without resting.
+    uint64_t hb_fast = 0, hb_rest = 0;
+    int64_t found_fast = 0, found_rest = 0;
+    Sim fast(1, verbose, 0), rest(1, verbose, 1000 * kMs);
+    std::string e = fast.rest_scenario(&hb_fast, &found_fast);
+    if (e.empty()) e = rest.rest_scenario(&hb_rest, &found_rest);
+    if (e.empty() && !(hb_rest * 5 < hb_fast)) e = "resting did not slow the heartbeats";
+    if (e.empty() && found_fast > 400 * kMs) e = "a black hole found in " + std::to_string(found_fast / kMs) + " ms without rest";
+    if (e.empty() && found_rest > 3200 * kMs) e = "a black hole found in " + std::to_string(found_rest / kMs) + " ms at rest";
+    std::printf("resting: %llu heartbeat frames in 15 s idle at rest (1 s), %llu without; a black hole on an idle "
+                "channel found in %lld ms at rest, %lld ms without\n",
+                static_cast<unsigned long long>(hb_rest), static_cast<unsigned long long>(hb_fast),
+                static_cast<long long>(found_rest / kMs), static_cast<long long>(found_fast / kMs));
+    if (!e.empty()) {
+      std::printf("FAIL resting scenario: %s\n", e.c_str());
+      return 1;
+    }
+  }
   uint64_t total_heal = 0, max_heal = 0;
   int64_t max_heal_ns = 0;
   uint64_t caught = 0, first = 0, eager = 0;

@@ -127,7 +127,7 @@ void test_layout() {
   FrameHeader h = valid_header(FrameType::kData, false);
   const Bytes b = encode(h);
   Bytes want(kHeaderBytes, 0);
-  const uint8_t prefix[] = {'R', '2', 'C', 'C', 2, 0, 5, kFlagPayloadCrc};
+  const uint8_t prefix[] = {'R', '2', 'C', 'C', 3, 0, 5, kFlagPayloadCrc};
   std::memcpy(want.data(), prefix, sizeof prefix);
   store_le32(want.data() + 8, h.payload_len);
   store_le64(want.data() + 16, h.seq);
@@ -235,8 +235,9 @@ void test_corrupt_fields() {
     expect_reject(b, kLim, "magic", "byte-swapped magic");
   }
 
-  // Version: anything but this build's (2), including the one before it (1: no ack-ask flag).
-  for (uint16_t v : {uint16_t(0), uint16_t(1), uint16_t(3), uint16_t(0x0200), uint16_t(0x0101), uint16_t(0xFFFF)}) {
+  // Version: anything but this build's (3), including the ones before it (1: no ack-ask flag;
+  // 2: no abort-mismatch or resting flag).
+  for (uint16_t v : {uint16_t(0), uint16_t(1), uint16_t(2), uint16_t(4), uint16_t(0x0300), uint16_t(0x0101), uint16_t(0xFFFF)}) {
     Bytes b = encode(base);
     b[4] = uint8_t(v & 0xff);
     b[5] = uint8_t(v >> 8);
@@ -307,6 +308,17 @@ void test_corrupt_fields() {
           "an abort mark that names a mismatch is valid and keeps both flags");
     h.flags = kFlagAbortMismatch;
     expect_reject(h, kLim, "abort-mismatch", "the abort-mismatch flag without the abort flag");
+    h.flags = kFlagResting;
+    expect_reject(h, kLim, "resting", "the resting flag on a data frame");
+    for (FrameType t : {FrameType::kHeartbeat, FrameType::kHeartbeatAck}) {
+      FrameHeader hb = valid_header(t, false);
+      hb.flags = kFlagResting;
+      check(decode_header(encode(hb).data(), kLim, &got).empty() && got.flags == kFlagResting,
+            "a heartbeat (or echo) at rest is valid and keeps the flag");
+    }
+    FrameHeader ack = valid_header(FrameType::kAck, false);
+    ack.flags = kFlagResting;
+    expect_reject(ack, kLim, "resting", "the resting flag on an ack");
     h.flags = kFlagAbort;
     h.payload_len = 10;
     expect_reject(h, kLim, "abort", "abort mark with a payload");
@@ -413,7 +425,8 @@ void check_accepted_invariants(const Bytes& b, const FrameHeader& h, const WireL
   bool ok = t >= 1 && t <= 10 && (h.flags & ~kKnownFlags) == 0 &&
             (!(h.flags & kFlagAbort) || h.type == FrameType::kData) &&
             (!(h.flags & kFlagAbortMismatch) || (h.flags & kFlagAbort)) &&
-            (!(h.flags & kFlagAckAsk) || h.type == FrameType::kData);
+            (!(h.flags & kFlagAckAsk) || h.type == FrameType::kData) &&
+            (!(h.flags & kFlagResting) || h.type == FrameType::kHeartbeat || h.type == FrameType::kHeartbeatAck);
   switch (h.type) {
     case FrameType::kData:
       ok = ok && h.payload_len <= lim.max_chunk_bytes && h.msg_len <= lim.max_message_bytes &&
