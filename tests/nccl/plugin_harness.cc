@@ -999,7 +999,7 @@ void case_fatal(uint64_t seed) {
 // with 8 in flight, every byte checked, after --warmup-bytes (32 MiB) the same way untimed;
 // then a 4 KiB isend -> test round trip, 300 times after 30 untimed (rank 1 echoes). Prints
 // "BW <MB/s>" and "RTT <median us>".
-void case_bandwidth(uint64_t total, size_t slot, uint64_t warmup, int idle_conns) {
+void case_bandwidth(uint64_t total, size_t slot, uint64_t warmup, int idle_conns, double idle_s) {
   check(g_world == 2, "bandwidth runs on 2 processes");
   net.init();
   // --idle-conns: that many more connection pairs open and idle meanwhile (their rails
@@ -1007,6 +1007,8 @@ void case_bandwidth(uint64_t total, size_t slot, uint64_t warmup, int idle_conns
   std::vector<Conn> idle;
   for (int k = 0; k < idle_conns; k++) idle.push_back(connect_ring("idle" + std::to_string(k)));
   Conn c = connect_ring("bw");
+  // --idle-s: everything connected and idle this long first (a job between its steps).
+  if (idle_s > 0) std::this_thread::sleep_for(std::chrono::duration<double>(idle_s));
   const int slots = 8;
   std::vector<std::vector<uint8_t>> buf(slots, std::vector<uint8_t>(slot));
   std::vector<void*> mh(slots);
@@ -1114,6 +1116,7 @@ int main(int argc, char** argv) {
   size_t slot = 512 << 10;
   uint64_t warmup_bytes = 32ull << 20;
   int idle_conns = 0;
+  double idle_s = 0;
   double seconds = 3;
   std::string collective = "both";
   bool expect_error = false;
@@ -1136,6 +1139,7 @@ int main(int argc, char** argv) {
     else if (a == "--slot") slot = std::stoull(next());
     else if (a == "--warmup-bytes") warmup_bytes = std::stoull(next());
     else if (a == "--idle-conns") idle_conns = std::stoi(next());
+    else if (a == "--idle-s") idle_s = std::stod(next());
     else if (a == "--seconds") seconds = std::stod(next());
     else if (a == "--dev") g_dev = std::stoi(next());
     else if (a == "--devices") g_devices = std::stoi(next());
@@ -1155,7 +1159,7 @@ int main(int argc, char** argv) {
   else if (which == "reload") case_reload(seed);
   else if (which == "faults") case_faults(seed);
   else if (which == "fatal") case_fatal(seed);
-  else if (which == "bandwidth") case_bandwidth(bytes, slot, warmup_bytes, idle_conns);
+  else if (which == "bandwidth") case_bandwidth(bytes, slot, warmup_bytes, idle_conns, idle_s);
   else if (which == "loop") case_loop(seed, seconds, collective, expect_error, loop_bytes);
   else die("unknown case " + which);
   net.close();
