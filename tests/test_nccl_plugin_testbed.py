@@ -225,3 +225,52 @@ def test_a_per_nic_device_keeps_its_traffic_on_its_nic_and_fails_over_to_the_bac
     assert phases["healthy"][dev] >= 0.95 * total["healthy"], phases
     assert phases["nic2 down"][dev] <= 0.01 * total["nic2 down"] and total["nic2 down"] > 5e6, phases
     assert phases["healed"][dev] >= 0.95 * total["healed"], phases
+
+
+def test_a_degraded_primary_nic_puts_its_connections_backups_to_work(bed, plugin, tmp_path):
+    """R2CCL_NCCL_DEVICES=nic, one process per host driving four devices (as JAX's one
+    process per host drives its GPUs): four rings, ring j on device j, one after another, so
+    each NIC carries a quarter. Host 0's nic2 slowed to a tenth without failing: the health
+    monitor sees that nic2 delivers under half of what the other NICs' primaries deliver and
+    puts ring 2's backups to work (it would otherwise run at a tenth, still a quarter of the
+    bytes); restored, ring 2 is back on nic2. Every iteration bit-exact."""
+    _restore(4)
+    world, dev = 2, 2
+    job = Job(plugin, tmp_path, world, SURVIVE_TIMEOUT_S,
+              ["--collective", "ring", "--loop-bytes", str(2 << 20), "--seconds", "10", "--rings", "4"],
+              env={"R2CCL_NCCL_DEVICES": "nic"})
+    phases = {}
+    try:
+        t0 = job.started()
+
+        def at(s):
+            time.sleep(max(0.0, t0 + s - time.monotonic()))
+
+        at(0.5)
+        a = _tx_bytes(0)
+        at(2.0)
+        phases["healthy"] = [x - y for x, y in zip(_tx_bytes(0), a)]
+        assert _sh(testbed.command_line("degrade", 0, dev, "20mbit")) == 0
+        at(3.5)
+        a = _tx_bytes(0)
+        at(5.5)
+        phases["nic2 at a tenth"] = [x - y for x, y in zip(_tx_bytes(0), a)]
+        assert _sh(testbed.command_line("degrade", 0, dev, "base")) == 0
+        at(7.5)
+        a = _tx_bytes(0)
+        at(9.5)
+        phases["restored"] = [x - y for x, y in zip(_tx_bytes(0), a)]
+        job.wait(range(world))
+    finally:
+        job.kill_all()
+        _restore(4)
+    for r in range(world):
+        assert job.procs[r].returncode == 0 and f"harness: loop rank {r}: ok" in job.out(r), job.text()
+    for name, tx in phases.items():
+        print(f"four devices, {name}: host 0 sent " + ", ".join(f"nic{k} {b / 1e6:.1f} MB" for k, b in enumerate(tx)))
+    share = {k: v[dev] / max(1, sum(v)) for k, v in phases.items()}
+    print("nic2's share: " + ", ".join(f"{k} {v:.1%}" for k, v in share.items()))
+    assert share["healthy"] >= 0.18, phases
+    assert share["nic2 at a tenth"] <= 0.10 and sum(phases["nic2 at a tenth"]) > 5e6, phases
+    assert share["restored"] >= 0.18, phases
+    assert "backups_engaged" in job.out(0) and "backups_released" in job.out(0), job.out(0)[-3000:]

@@ -349,6 +349,7 @@ void Monitor::sample(int64_t now) {
       }
     }
   }
+  steer_backups(by_peer);
   // Forget the rails of peers that are gone (an NCCL plugin opens and closes connections
   // for the life of the job: their tracks must not pile up).
   for (auto it = rails_.begin(); it != rails_.end();) {
@@ -356,6 +357,84 @@ void Monitor::sample(int64_t now) {
     it = p == by_peer.end() || p->second.empty() ? rails_.erase(it) : std::next(it);
   }
   update_capacity(by_peer);
+}
+
+// Backups of a degraded primary (an NCCL plugin's per-NIC devices, R2CCL's model: a
+// connection's rail on its own NIC carries it, the others stand by). The sibling comparison
+// above cannot see a primary that slows without failing, since its standbys carry nothing to
+// compare with; the other NICs' primaries can. A local NIC whose rails deliver under half of
+// what the best NIC's deliver, kAgree samples in a row, is degraded: every connection whose
+// primaries all use degraded NICs gets its backups to work (standby off), and the weights
+// above then split its traffic by what each rail delivers. Once the NIC delivers 0.8 of the
+// best again (its primary keeps a share: kMinWeight), the backups stand by again. With one
+// NIC's connections only (a process driving one GPU) there is nothing to compare with.
+void Monitor::steer_backups(const std::map<int, std::vector<RailStats>>& by_peer) {   // mu_ held
+  const size_t n = nics_.size();
+  nic_slow_.resize(n, 0);
+  nic_fine_.resize(n, 0);
+  nic_degraded_.resize(n, false);
+  std::vector<double> rate(n, 0);
+  bool standby_seen = false;
+  for (auto& [peer, stats] : by_peer)
+    for (auto& s : stats) {
+      standby_seen = standby_seen || s.standby;
+      auto it = rails_.find({peer, s.rail});
+      if (s.standby || s.state != RailState::kUp || it == rails_.end() || s.local_nic < 0 ||
+          static_cast<size_t>(s.local_nic) >= n)
+        continue;
+      rate[static_cast<size_t>(s.local_nic)] = std::max(rate[static_cast<size_t>(s.local_nic)], it->second.bw);
+    }
+  if (!standby_seen && engaged_.empty()) return;
+  const double best = *std::max_element(rate.begin(), rate.end());
+  for (size_t k = 0; k < n; k++) {
+    if (best <= 0 || rate[k] <= 0) continue;   // nothing measured on it this time: no change
+    nic_slow_[k] = rate[k] < 0.5 * best ? nic_slow_[k] + 1 : 0;
+    nic_fine_[k] = rate[k] >= 0.8 * best ? nic_fine_[k] + 1 : 0;
+    if (nic_slow_[k] >= kAgree) nic_degraded_[k] = true;
+    if (nic_fine_[k] >= kAgree) nic_degraded_[k] = false;
+  }
+  for (auto& [peer, stats] : by_peer) {
+    auto eng = engaged_.find(peer);
+    bool primary = false, all_degraded = true;
+    for (auto& s : stats) {
+      const bool ours = eng != engaged_.end() &&
+                        std::find(eng->second.begin(), eng->second.end(), s.rail) != eng->second.end();
+      if (s.standby || ours) continue;
+      primary = true;
+      all_degraded = all_degraded && s.local_nic >= 0 && static_cast<size_t>(s.local_nic) < n &&
+                     nic_degraded_[static_cast<size_t>(s.local_nic)];
+    }
+    if (!primary) continue;
+    std::string nic_names;
+    for (auto& s : stats)
+      if (!s.standby && (eng == engaged_.end() || std::find(eng->second.begin(), eng->second.end(), s.rail) == eng->second.end()))
+        nic_names += (nic_names.empty() ? "" : ", ") + s.local_nic_name;
+    if (all_degraded && eng == engaged_.end()) {
+      std::vector<int> rails;
+      for (auto& s : stats)
+        if (s.standby) rails.push_back(s.rail);
+      if (rails.empty()) continue;
+      try {
+        for (int r : rails) ep_->set_rail_standby(peer, r, false);
+      } catch (const Error&) {
+        continue;   // the connection closed meanwhile
+      }
+      engaged_[peer] = rails;
+      emit({0, unix_s(), "backups_engaged", peer, -1, nic_names,
+            "its primary NIC delivers under half of the best NIC's rate: " + std::to_string(rails.size()) +
+                " backup rail(s) carry its traffic by weight"});
+    } else if (!all_degraded && eng != engaged_.end()) {
+      try {
+        for (int r : eng->second) ep_->set_rail_standby(peer, r, true);
+      } catch (const Error&) {
+      }
+      emit({0, unix_s(), "backups_released", peer, -1, nic_names,
+            "its primary NIC delivers again: the backups stand by"});
+      engaged_.erase(eng);
+    }
+  }
+  for (auto it = engaged_.begin(); it != engaged_.end();)
+    it = by_peer.count(it->first) ? std::next(it) : engaged_.erase(it);
 }
 
 void Monitor::update_capacity(const std::map<int, std::vector<RailStats>>& by_peer) {   // mu_ held

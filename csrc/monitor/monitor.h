@@ -30,7 +30,8 @@ namespace r2ccl::monitor {
 struct Event {
   uint64_t seq = 0;
   double t_unix = 0;
-  std::string kind;        // link_down, link_up, nic_readmitted, rail_failed, rail_recovered, degraded, restored
+  std::string kind;        // link_down, link_up, nic_readmitted, rail_failed, rail_recovered, degraded, restored,
+                           // backups_engaged, backups_released (a peer's event with rail -1)
   int peer = -1;           // -1: a NIC event
   int rail = -1;
   std::string nic;         // local NIC (interface name, else address)
@@ -107,6 +108,7 @@ class Monitor : public std::enable_shared_from_this<Monitor> {
   void link_change(size_t nic, bool up, const std::string& why);
   void sample(int64_t now);
   void update_capacity(const std::map<int, std::vector<RailStats>>& by_peer);
+  void steer_backups(const std::map<int, std::vector<RailStats>>& by_peer);
   void emit(Event e);   // these run with mu_ held
 
   std::shared_ptr<Endpoint> ep_;
@@ -121,6 +123,12 @@ class Monitor : public std::enable_shared_from_this<Monitor> {
   std::vector<NicTrack> nics_;
   std::map<std::pair<int, int>, RailTrack> rails_;
   std::map<std::pair<int, int>, RailStats> last_stats_;
+  // Backup rails (per-NIC devices): per local NIC, samples in a row under half (slow) or over
+  // 0.8 (fine) of the best NIC's rate, and whether it counts as degraded; per peer, the
+  // standby rails this monitor put to work because its primaries' NICs degraded.
+  std::vector<int> nic_slow_, nic_fine_;
+  std::vector<bool> nic_degraded_;
+  std::map<int, std::vector<int>> engaged_;
   std::deque<Event> events_;
   std::shared_ptr<std::atomic<double>> capacity_ = std::make_shared<std::atomic<double>>(0.0);
   uint64_t next_seq_ = 1;

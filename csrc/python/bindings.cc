@@ -175,6 +175,7 @@ NB_MODULE(_core, m) {
   config_field(config_cls, config_defaults, "timeout_s", &Config::timeout_s);
   config_field(config_cls, config_defaults, "heartbeat_ms", &Config::heartbeat_ms);
   config_field(config_cls, config_defaults, "heartbeat_misses", &Config::heartbeat_misses);
+  config_field(config_cls, config_defaults, "rest_heartbeat_ms", &Config::rest_heartbeat_ms);
   config_field(config_cls, config_defaults, "stall_ms", &Config::stall_ms);
   config_field(config_cls, config_defaults, "mismatch_ms", &Config::mismatch_ms);
   config_field(config_cls, config_defaults, "bootstrap_timeout_s", &Config::bootstrap_timeout_s);

@@ -18,8 +18,10 @@
 // other connections), close (close with requests in flight), reload (finalize, dlclose, dlopen,
 // again), faults (the survivable faults through R2CCL_TEST_FAULT_FILE while traffic streams,
 // every byte exact), fatal (every NIC held down past R2CCL_TIMEOUT: an error on both sides),
-// bandwidth (a stream and a round trip, timed) and loop (the ring and an all-to-all over and
-// over while a test injects faults from outside: tests/test_nccl_plugin_testbed.py). Prints
+// bandwidth (a stream and a round trip, timed; --idle-conns and --idle-s add idle connections
+// and idle time) and loop (the ring and an all-to-all over and over while a test injects
+// faults from outside: tests/test_nccl_plugin_testbed.py; --rings N: N rings on devices --dev,
+// --dev+1, ... as a process driving several GPUs has them). Prints
 // "harness: <case> rank R: ok ..." or "FAIL: ..." and exits 1.
 #include <dlfcn.h>
 #include <unistd.h>
@@ -141,17 +143,17 @@ struct Net {
     check(r == kSuccess, "devices");
     return n;
   }
-  void listen(void* handle, void** lc) {
+  void listen(void* handle, void** lc, int dev = g_dev) {
     void* ctx = ctxs.empty() ? nullptr : ctxs.back();
-    Result r = v12 ? v12->listen(ctx, g_dev, handle, lc) : v11 ? v11->listen(ctx, g_dev, handle, lc) : v10->listen(g_dev, handle, lc);
+    Result r = v12 ? v12->listen(ctx, dev, handle, lc) : v11 ? v11->listen(ctx, dev, handle, lc) : v10->listen(dev, handle, lc);
     check(r == kSuccess && *lc, "listen");
   }
-  Result connect_once(void* handle, void** sc) {
+  Result connect_once(void* handle, void** sc, int dev = g_dev) {
     void* ctx = ctxs.empty() ? nullptr : ctxs.back();
     DeviceHandle* dh = nullptr;
     CommConfig cfg{-1};
-    return v12 ? v12->connect(ctx, g_dev, handle, sc, &dh)
-               : v11 ? v11->connect(ctx, g_dev, handle, sc, &dh) : v10->connect(g_dev, &cfg, handle, sc, &dh);
+    return v12 ? v12->connect(ctx, dev, handle, sc, &dh)
+               : v11 ? v11->connect(ctx, dev, handle, sc, &dh) : v10->connect(dev, &cfg, handle, sc, &dh);
   }
 };
 
@@ -212,11 +214,11 @@ struct Conn {
 
 // The ring's two connections, named `tag` (several may exist at once): listen, publish, connect
 // and accept polled until both are ready, closeListen after accept, as NCCL's proxy does.
-Conn connect_ring(const std::string& tag) {
+Conn connect_ring(const std::string& tag, int dev = g_dev) {
   uint8_t handle[kHandleMaxBytes];
   std::memset(handle, 0xcc, sizeof handle);
   void* lc = nullptr;
-  net.listen(handle, &lc);
+  net.listen(handle, &lc, dev);
   publish("handle." + tag + "." + std::to_string(g_rank), hex(handle, sizeof handle));
   const std::string peer_hex = fetch("handle." + tag + "." + std::to_string((g_rank + 1) % g_world));
   uint8_t peer[kHandleMaxBytes];
@@ -225,7 +227,7 @@ Conn connect_ring(const std::string& tag) {
   const double until = now_s() + g_timeout_s;
   int calls = 0;
   while (!c.send || !c.recv) {
-    if (!c.send) check(net.connect_once(peer, &c.send) == kSuccess, "connect failed");
+    if (!c.send) check(net.connect_once(peer, &c.send, dev) == kSuccess, "connect failed");
     if (!c.recv) {
       DeviceHandle* dh = nullptr;
       check(net.d().accept(lc, &c.recv, &dh) == kSuccess, "accept failed");
@@ -752,16 +754,22 @@ void case_ring(uint64_t seed) {
 // on the victim's connections): the loop runs until a plugin call returns an error, prints
 // the wall clock of that moment, closes every connection (timed: close after an error must
 // not hang) and passes; no error by --seconds fails.
-void case_loop(uint64_t seed, double seconds, const std::string& coll, bool expect_error, uint64_t bytes) {
+void case_loop(uint64_t seed, double seconds, const std::string& coll, bool expect_error, uint64_t bytes, int nrings) {
   check(coll == "ring" || coll == "allreduce" || coll == "alltoall" || coll == "both",
         "--collective ring, allreduce, alltoall or both");
   check(!expect_error || coll == "alltoall", "--expect-error runs the all-to-all only");
   publish("pid." + std::to_string(g_rank), std::to_string(getpid()));
   net.init();
-  std::unique_ptr<Ring> ring;
+  // --rings N: N rings, ring j on device (--dev + j) mod devices() (one per GPU of a process
+  // that drives several, as JAX's one process per host does), run one after another.
+  std::vector<std::unique_ptr<Ring>> rings;
   std::unique_ptr<Mesh> mesh;
-  if (coll != "alltoall") ring = std::make_unique<Ring>(connect_ring("loop"), bytes / 4);
-  if (ring) ring->gather = coll != "allreduce";
+  const int ndev = nrings > 1 ? net.devices() : 1;
+  if (coll != "alltoall")
+    for (int j = 0; j < nrings; j++) {
+      rings.push_back(std::make_unique<Ring>(connect_ring("loop" + std::to_string(j), (g_dev + j) % ndev), bytes / 4));
+      rings.back()->gather = coll != "allreduce";
+    }
   if (coll == "alltoall" || coll == "both") mesh = std::make_unique<Mesh>(connect_mesh("loop-a2a"), bytes / g_world);
   barrier("loop-ready");
   g_errors_expected = expect_error;
@@ -772,15 +780,15 @@ void case_loop(uint64_t seed, double seconds, const std::string& coll, bool expe
   for (int it = 0;; it++) {
     const double a = now_s();
     try {
-      if (ring) checked += ring->run(seed + it);
+      for (auto& ring : rings) checked += ring->run(seed + it);
       if (mesh) checked += mesh->run(seed + it);
     } catch (const NetFailure& f) {
       const double at = wall_s();
       g_errors_expected = false;
-      if (ring) ring->release();
+      for (auto& ring : rings) ring->release();
       if (mesh) mesh->release();
       const double c0 = now_s();
-      if (ring) close_conn(ring->c);
+      for (auto& ring : rings) close_conn(ring->c);
       if (mesh) mesh->close();
       const double closed = now_s() - c0;
       net.finalize();
@@ -790,7 +798,7 @@ void case_loop(uint64_t seed, double seconds, const std::string& coll, bool expe
       return;
     }
     times.push_back(now_s() - a);
-    if (ring) ar_times.push_back(ring->ar_s);
+    if (!rings.empty()) ar_times.push_back(rings[0]->ar_s);
     if (expect_error) {
       check(now_s() - start < seconds, "no error within " + std::to_string(seconds) + " s (" + std::to_string(it + 1) +
                                            " exact iterations)");
@@ -800,10 +808,10 @@ void case_loop(uint64_t seed, double seconds, const std::string& coll, bool expe
     if (fetch("continue." + std::to_string(it)) == "0") break;
   }
   const double ran = now_s() - start;
-  if (ring) ring->release();
+  for (auto& ring : rings) ring->release();
   if (mesh) mesh->release();
   barrier("loop-done");
-  if (ring) close_conn(ring->c);
+  for (auto& ring : rings) close_conn(ring->c);
   if (mesh) mesh->close();
   net.finalize();
   std::vector<double> sorted = times;
@@ -1116,6 +1124,7 @@ int main(int argc, char** argv) {
   size_t slot = 512 << 10;
   uint64_t warmup_bytes = 32ull << 20;
   int idle_conns = 0;
+  int rings = 1;
   double idle_s = 0;
   double seconds = 3;
   std::string collective = "both";
@@ -1146,6 +1155,7 @@ int main(int argc, char** argv) {
     else if (a == "--collective") collective = next();
     else if (a == "--expect-error") expect_error = true;
     else if (a == "--loop-bytes") loop_bytes = std::stoull(next());
+    else if (a == "--rings") rings = std::stoi(next());
     else die("unknown argument " + a);
   }
   check(!g_plugin.empty() && !g_dir.empty() && g_world >= 2 && g_rank >= 0 && g_rank < g_world, "usage: --plugin SO --dir D --rank R --world W --case C");
@@ -1160,7 +1170,7 @@ int main(int argc, char** argv) {
   else if (which == "faults") case_faults(seed);
   else if (which == "fatal") case_fatal(seed);
   else if (which == "bandwidth") case_bandwidth(bytes, slot, warmup_bytes, idle_conns, idle_s);
-  else if (which == "loop") case_loop(seed, seconds, collective, expect_error, loop_bytes);
+  else if (which == "loop") case_loop(seed, seconds, collective, expect_error, loop_bytes, rings);
   else die("unknown case " + which);
   net.close();
   std::fflush(stdout);
