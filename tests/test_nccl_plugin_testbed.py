@@ -270,6 +270,9 @@ def test_a_degraded_primary_nic_puts_its_connections_backups_to_work(bed, plugin
         print(f"four devices, {name}: host 0 sent " + ", ".join(f"nic{k} {b / 1e6:.1f} MB" for k, b in enumerate(tx)))
     share = {k: v[dev] / max(1, sum(v)) for k, v in phases.items()}
     print("nic2's share: " + ", ".join(f"{k} {v:.1%}" for k, v in share.items()))
+    for line in job.out(0).splitlines():
+        if "backups_" in line:
+            print(line.strip()[:200])
     assert share["healthy"] >= 0.18, phases
     assert share["nic2 at a tenth"] <= 0.10 and sum(phases["nic2 at a tenth"]) > 5e6, phases
     assert share["restored"] >= 0.18, phases

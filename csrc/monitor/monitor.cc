@@ -349,7 +349,7 @@ void Monitor::sample(int64_t now) {
       }
     }
   }
-  steer_backups(by_peer);
+  steer_backups(by_peer, now);
   // Forget the rails of peers that are gone (an NCCL plugin opens and closes connections
   // for the life of the job: their tracks must not pile up).
   for (auto it = rails_.begin(); it != rails_.end();) {
@@ -362,28 +362,36 @@ void Monitor::sample(int64_t now) {
 // Backups of a degraded primary (an NCCL plugin's per-NIC devices, R2CCL's model: a
 // connection's rail on its own NIC carries it, the others stand by). The sibling comparison
 // above cannot see a primary that slows without failing, since its standbys carry nothing to
-// compare with; the other NICs' primaries can. A local NIC whose rails deliver under half of
-// what the best NIC's deliver, kAgree samples in a row, is degraded: every connection whose
+// compare with; the other NICs' primaries can. A local NIC whose primaries deliver under half
+// of what the best NIC's deliver, kAgree samples in a row, is degraded: every connection whose
 // primaries all use degraded NICs gets its backups to work (standby off), and the weights
-// above then split its traffic by what each rail delivers. Once the NIC delivers 0.8 of the
-// best again (its primary keeps a share: kMinWeight), the backups stand by again. With one
-// NIC's connections only (a process driving one GPU) there is nothing to compare with.
-void Monitor::steer_backups(const std::map<int, std::vector<RailStats>>& by_peer) {   // mu_ held
+// above then split its traffic by what each rail delivers. A primary with a trickle of the
+// traffic measures its recovery poorly (small windows, short busy spells), so the backups are
+// released to try the primary alone again after kProbeFirstNs, the wait doubling up to
+// kProbeMaxNs while it stays degraded; the primary's weight is 1 for the try, and kAgree slow
+// samples put the backups back to work. With one NIC's connections only (a process driving
+// one GPU) there is nothing to compare with.
+void Monitor::steer_backups(const std::map<int, std::vector<RailStats>>& by_peer, int64_t now) {   // mu_ held
+  constexpr int64_t kProbeFirstNs = 1000 * kMs, kProbeMaxNs = 16000 * kMs;
   const size_t n = nics_.size();
   nic_slow_.resize(n, 0);
   nic_fine_.resize(n, 0);
   nic_degraded_.resize(n, false);
   std::vector<double> rate(n, 0);
   bool standby_seen = false;
-  for (auto& [peer, stats] : by_peer)
+  for (auto& [peer, stats] : by_peer) {
+    auto eng = engaged_.find(peer);
     for (auto& s : stats) {
       standby_seen = standby_seen || s.standby;
+      const bool ours = eng != engaged_.end() &&
+                        std::find(eng->second.rails.begin(), eng->second.rails.end(), s.rail) != eng->second.rails.end();
       auto it = rails_.find({peer, s.rail});
-      if (s.standby || s.state != RailState::kUp || it == rails_.end() || s.local_nic < 0 ||
+      if (s.standby || ours || s.state != RailState::kUp || it == rails_.end() || s.local_nic < 0 ||
           static_cast<size_t>(s.local_nic) >= n)
         continue;
       rate[static_cast<size_t>(s.local_nic)] = std::max(rate[static_cast<size_t>(s.local_nic)], it->second.bw);
     }
+  }
   if (!standby_seen && engaged_.empty()) return;
   const double best = *std::max_element(rate.begin(), rate.end());
   for (size_t k = 0; k < n; k++) {
@@ -395,20 +403,20 @@ void Monitor::steer_backups(const std::map<int, std::vector<RailStats>>& by_peer
   }
   for (auto& [peer, stats] : by_peer) {
     auto eng = engaged_.find(peer);
+    auto is_ours = [&](int rail) {
+      return eng != engaged_.end() && std::find(eng->second.rails.begin(), eng->second.rails.end(), rail) != eng->second.rails.end();
+    };
     bool primary = false, all_degraded = true;
+    std::string nic_names;
     for (auto& s : stats) {
-      const bool ours = eng != engaged_.end() &&
-                        std::find(eng->second.begin(), eng->second.end(), s.rail) != eng->second.end();
-      if (s.standby || ours) continue;
+      if (s.standby || is_ours(s.rail)) continue;
       primary = true;
       all_degraded = all_degraded && s.local_nic >= 0 && static_cast<size_t>(s.local_nic) < n &&
                      nic_degraded_[static_cast<size_t>(s.local_nic)];
+      nic_names += (nic_names.empty() ? "" : ", ") + s.local_nic_name;
     }
     if (!primary) continue;
-    std::string nic_names;
-    for (auto& s : stats)
-      if (!s.standby && (eng == engaged_.end() || std::find(eng->second.begin(), eng->second.end(), s.rail) == eng->second.end()))
-        nic_names += (nic_names.empty() ? "" : ", ") + s.local_nic_name;
+    auto& backoff = probe_backoff_[peer];   // (wait, last probe)
     if (all_degraded && eng == engaged_.end()) {
       std::vector<int> rails;
       for (auto& s : stats)
@@ -419,22 +427,43 @@ void Monitor::steer_backups(const std::map<int, std::vector<RailStats>>& by_peer
       } catch (const Error&) {
         continue;   // the connection closed meanwhile
       }
-      engaged_[peer] = rails;
+      // Degraded again soon after a probe: wait twice as long before the next one.
+      backoff.first = backoff.second > 0 && now - backoff.second < 2 * std::max(backoff.first, kProbeFirstNs)
+                          ? std::min(kProbeMaxNs, 2 * std::max(backoff.first, kProbeFirstNs))
+                          : kProbeFirstNs;
+      engaged_[peer] = Engaged{rails, now + backoff.first};
       emit({0, unix_s(), "backups_engaged", peer, -1, nic_names,
             "its primary NIC delivers under half of the best NIC's rate: " + std::to_string(rails.size()) +
-                " backup rail(s) carry its traffic by weight"});
-    } else if (!all_degraded && eng != engaged_.end()) {
+                " backup rail(s) carry its traffic by weight; the primary is tried alone again in " +
+                std::to_string(backoff.first / kMs) + " ms"});
+    } else if (eng != engaged_.end() && (!all_degraded || now >= eng->second.probe_ns)) {
+      const bool probe = all_degraded;
       try {
-        for (int r : eng->second) ep_->set_rail_standby(peer, r, true);
+        for (int r : eng->second.rails) ep_->set_rail_standby(peer, r, true);
+        for (auto& s : stats)
+          if (!s.standby && !is_ours(s.rail)) {
+            ep_->set_rail_weight(peer, s.rail, 1.0);   // the primary carries it all: full window
+            RailTrack& t = rails_[{peer, s.rail}];
+            t.weight = 1.0;
+            t.weight_ns = now;
+            t.pending = 0;
+            if (probe && s.local_nic >= 0 && static_cast<size_t>(s.local_nic) < n) {
+              nic_degraded_[static_cast<size_t>(s.local_nic)] = false;   // fresh samples decide
+              nic_slow_[static_cast<size_t>(s.local_nic)] = nic_fine_[static_cast<size_t>(s.local_nic)] = 0;
+            }
+          }
       } catch (const Error&) {
       }
+      if (probe) backoff.second = now;
       emit({0, unix_s(), "backups_released", peer, -1, nic_names,
-            "its primary NIC delivers again: the backups stand by"});
+            probe ? "trying the primary alone again (it was degraded)" : "its primary NIC delivers again: the backups stand by"});
       engaged_.erase(eng);
     }
   }
   for (auto it = engaged_.begin(); it != engaged_.end();)
     it = by_peer.count(it->first) ? std::next(it) : engaged_.erase(it);
+  for (auto it = probe_backoff_.begin(); it != probe_backoff_.end();)
+    it = by_peer.count(it->first) ? std::next(it) : probe_backoff_.erase(it);
 }
 
 void Monitor::update_capacity(const std::map<int, std::vector<RailStats>>& by_peer) {   // mu_ held

@@ -108,7 +108,7 @@ class Monitor : public std::enable_shared_from_this<Monitor> {
   void link_change(size_t nic, bool up, const std::string& why);
   void sample(int64_t now);
   void update_capacity(const std::map<int, std::vector<RailStats>>& by_peer);
-  void steer_backups(const std::map<int, std::vector<RailStats>>& by_peer);
+  void steer_backups(const std::map<int, std::vector<RailStats>>& by_peer, int64_t now);
   void emit(Event e);   // these run with mu_ held
 
   std::shared_ptr<Endpoint> ep_;
@@ -128,7 +128,14 @@ class Monitor : public std::enable_shared_from_this<Monitor> {
   // standby rails this monitor put to work because its primaries' NICs degraded.
   std::vector<int> nic_slow_, nic_fine_;
   std::vector<bool> nic_degraded_;
-  std::map<int, std::vector<int>> engaged_;
+  struct Engaged {
+    std::vector<int> rails;     // the standby rails put to work
+    int64_t probe_ns = 0;       // when the primary is tried alone again
+  };
+  std::map<int, Engaged> engaged_;
+  // Per peer: the wait before the next probe of a degraded primary (doubles while it stays
+  // degraded), and when its backups were last released by a probe.
+  std::map<int, std::pair<int64_t, int64_t>> probe_backoff_;
   std::deque<Event> events_;
   std::shared_ptr<std::atomic<double>> capacity_ = std::make_shared<std::atomic<double>>(0.0);
   uint64_t next_seq_ = 1;

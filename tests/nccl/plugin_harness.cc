@@ -767,7 +767,8 @@ void case_loop(uint64_t seed, double seconds, const std::string& coll, bool expe
   const int ndev = nrings > 1 ? net.devices() : 1;
   if (coll != "alltoall")
     for (int j = 0; j < nrings; j++) {
-      rings.push_back(std::make_unique<Ring>(connect_ring("loop" + std::to_string(j), (g_dev + j) % ndev), bytes / 4));
+      rings.push_back(std::make_unique<Ring>(connect_ring("loop" + std::to_string(j), nrings > 1 ? (g_dev + j) % ndev : g_dev),
+                                             bytes / 4));
       rings.back()->gather = coll != "allreduce";
     }
   if (coll == "alltoall" || coll == "both") mesh = std::make_unique<Mesh>(connect_mesh("loop-a2a"), bytes / g_world);
