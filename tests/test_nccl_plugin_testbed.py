@@ -182,16 +182,10 @@ def _tx_bytes(host: int) -> list[int]:
     return [by_name[n] for n in NICS]
 
 
-def test_a_per_nic_device_keeps_its_traffic_on_its_nic_and_fails_over_to_the_backups(bed, plugin, tmp_path):
-    """R2CCL_NCCL_DEVICES=nic, both processes on device 2: the kernel's counters of host 0's
-    NICs show where the bytes went. Healthy: nic2 carries the connection (the other NICs only
-    heartbeats and acks); nic2 cut: the backups carry it, every iteration still exact; nic2
-    healed: back on nic2 (failback)."""
-    _restore(4)
-    world, dev = 2, 2
-    job = Job(plugin, tmp_path, world, SURVIVE_TIMEOUT_S,
-              ["--collective", "ring", "--loop-bytes", str(4 << 20), "--seconds", "6.5", "--dev", str(dev)],
-              env={"R2CCL_NCCL_DEVICES": "nic"})
+def _nic_phases(job: Job, world: int, label: str, plan) -> dict[str, list[int]]:
+    """Runs `job` through `plan`, a list of (name, start_s, end_s, command after it or None)
+    in seconds from the loop's start: the bytes host 0's NICs sent between start and end of
+    each phase. Every rank must then end its loop ok (bit-exact); the bed is restored."""
     phases = {}
     try:
         t0 = job.started()
@@ -199,20 +193,13 @@ def test_a_per_nic_device_keeps_its_traffic_on_its_nic_and_fails_over_to_the_bac
         def at(s):
             time.sleep(max(0.0, t0 + s - time.monotonic()))
 
-        at(0.3)
-        a = _tx_bytes(0)
-        at(1.8)
-        phases["healthy"] = [x - y for x, y in zip(_tx_bytes(0), a)]
-        assert _sh(testbed.command_line("fail", 0, dev)) == 0
-        at(2.3)
-        a = _tx_bytes(0)
-        at(3.8)
-        phases["nic2 down"] = [x - y for x, y in zip(_tx_bytes(0), a)]
-        assert _sh(testbed.command_line("heal", 0, dev)) == 0
-        at(5.0)
-        a = _tx_bytes(0)
-        at(6.3)
-        phases["healed"] = [x - y for x, y in zip(_tx_bytes(0), a)]
+        for name, start, end, then in plan:
+            at(start)
+            a = _tx_bytes(0)
+            at(end)
+            phases[name] = [x - y for x, y in zip(_tx_bytes(0), a)]
+            if then:
+                assert _sh(then) == 0, then
         job.wait(range(world))
     finally:
         job.kill_all()
@@ -220,7 +207,24 @@ def test_a_per_nic_device_keeps_its_traffic_on_its_nic_and_fails_over_to_the_bac
     for r in range(world):
         assert job.procs[r].returncode == 0 and f"harness: loop rank {r}: ok" in job.out(r), job.text()
     for name, tx in phases.items():
-        print(f"per-NIC device {dev}, {name}: host 0 sent " + ", ".join(f"nic{k} {b / 1e6:.1f} MB" for k, b in enumerate(tx)))
+        print(f"{label}, {name}: host 0 sent " + ", ".join(f"nic{k} {b / 1e6:.1f} MB" for k, b in enumerate(tx)))
+    return phases
+
+
+def test_a_per_nic_device_keeps_its_traffic_on_its_nic_and_fails_over_to_the_backups(bed, plugin, tmp_path):
+    """R2CCL_NCCL_DEVICES=nic, both processes on device 2: the kernel's counters of host 0's
+    NICs show where the bytes went. Healthy: nic2 carries the connection (the other NICs only
+    heartbeats and acks); nic2 cut: the backups carry it, every iteration still exact; nic2
+    healed: back on nic2 (failback)."""
+    world, dev = 2, 2
+    _restore(4)
+    job = Job(plugin, tmp_path, world, SURVIVE_TIMEOUT_S,
+              ["--collective", "ring", "--loop-bytes", str(4 << 20), "--seconds", "6.5", "--dev", str(dev)],
+              env={"R2CCL_NCCL_DEVICES": "nic"})
+    phases = _nic_phases(job, world, f"per-NIC device {dev}", [
+        ("healthy", 0.3, 1.8, testbed.command_line("fail", 0, dev)),
+        ("nic2 down", 2.3, 3.8, testbed.command_line("heal", 0, dev)),
+        ("healed", 5.0, 6.3, None)])
     total = {k: sum(v) for k, v in phases.items()}
     assert phases["healthy"][dev] >= 0.95 * total["healthy"], phases
     assert phases["nic2 down"][dev] <= 0.01 * total["nic2 down"] and total["nic2 down"] > 5e6, phases
@@ -234,40 +238,15 @@ def test_a_degraded_primary_nic_puts_its_connections_backups_to_work(bed, plugin
     monitor sees that nic2 delivers under half of what the other NICs' primaries deliver and
     puts ring 2's backups to work (it would otherwise run at a tenth, still a quarter of the
     bytes); restored, ring 2 is back on nic2. Every iteration bit-exact."""
-    _restore(4)
     world, dev = 2, 2
+    _restore(4)
     job = Job(plugin, tmp_path, world, SURVIVE_TIMEOUT_S,
               ["--collective", "ring", "--loop-bytes", str(2 << 20), "--seconds", "10", "--rings", "4"],
               env={"R2CCL_NCCL_DEVICES": "nic"})
-    phases = {}
-    try:
-        t0 = job.started()
-
-        def at(s):
-            time.sleep(max(0.0, t0 + s - time.monotonic()))
-
-        at(0.5)
-        a = _tx_bytes(0)
-        at(2.0)
-        phases["healthy"] = [x - y for x, y in zip(_tx_bytes(0), a)]
-        assert _sh(testbed.command_line("degrade", 0, dev, "20mbit")) == 0
-        at(3.5)
-        a = _tx_bytes(0)
-        at(5.5)
-        phases["nic2 at a tenth"] = [x - y for x, y in zip(_tx_bytes(0), a)]
-        assert _sh(testbed.command_line("degrade", 0, dev, "base")) == 0
-        at(7.5)
-        a = _tx_bytes(0)
-        at(9.5)
-        phases["restored"] = [x - y for x, y in zip(_tx_bytes(0), a)]
-        job.wait(range(world))
-    finally:
-        job.kill_all()
-        _restore(4)
-    for r in range(world):
-        assert job.procs[r].returncode == 0 and f"harness: loop rank {r}: ok" in job.out(r), job.text()
-    for name, tx in phases.items():
-        print(f"four devices, {name}: host 0 sent " + ", ".join(f"nic{k} {b / 1e6:.1f} MB" for k, b in enumerate(tx)))
+    phases = _nic_phases(job, world, "four devices", [
+        ("healthy", 0.5, 2.0, testbed.command_line("degrade", 0, dev, "20mbit")),
+        ("nic2 at a tenth", 3.5, 5.5, testbed.command_line("degrade", 0, dev, "base")),
+        ("restored", 7.5, 9.5, None)])
     share = {k: v[dev] / max(1, sum(v)) for k, v in phases.items()}
     print("nic2's share: " + ", ".join(f"{k} {v:.1%}" for k, v in share.items()))
     for line in job.out(0).splitlines():
