@@ -1006,6 +1006,12 @@ bool Engine::caller_poll() {
 // them again when the last one stops: what arrived meanwhile wakes it then).
 void Engine::caller_polling(bool start) {
   std::lock_guard<std::mutex> g(pollers_mu_);
+  pollers_changed(start);
+}
+
+// pollers_mu_ held: one poller more (start) or fewer; the first takes the socket set out of
+// the engine thread's sleep set, the last puts it back.
+void Engine::pollers_changed(bool start) {
   if (start ? pollers_++ != 0 : --pollers_ != 0) return;
   epoll_event e{};
   e.events = EPOLLIN;
@@ -1038,30 +1044,24 @@ void Engine::renew_test_lease() {
   lease_until_ns_.store(now_ns() + kTestLeaseNs, std::memory_order_relaxed);
   if (lease_held_.load(std::memory_order_acquire)) return;
   std::lock_guard<std::mutex> g(pollers_mu_);
-  if (leased_) return;
-  leased_ = true;
+  if (lease_held_.load(std::memory_order_relaxed)) return;
   lease_held_.store(true, std::memory_order_release);
   // The engine thread may be asleep until its next tick: wake it once, so it sleeps again no
   // longer than the lease and looks at the sockets soon after this caller stops polling.
   uint64_t one = 1;
   ssize_t w = ::write(wakefd_, &one, sizeof one);
   (void)w;
-  if (pollers_++ != 0) return;
-  epoll_event e{};
-  epoll_ctl(sleep_fd_, EPOLL_CTL_DEL, epfd_, &e);
+  pollers_changed(true);
 }
 
 void Engine::end_test_lease(bool only_if_lapsed) {
   if (!lease_held_.load(std::memory_order_acquire)) return;
   std::lock_guard<std::mutex> g(pollers_mu_);
-  if (!leased_ || (only_if_lapsed && now_ns() < lease_until_ns_.load(std::memory_order_relaxed))) return;
-  leased_ = false;
+  if (!lease_held_.load(std::memory_order_relaxed) ||
+      (only_if_lapsed && now_ns() < lease_until_ns_.load(std::memory_order_relaxed)))
+    return;
   lease_held_.store(false, std::memory_order_release);
-  if (--pollers_ != 0) return;
-  epoll_event e{};
-  e.events = EPOLLIN;
-  e.data.ptr = nullptr;
-  epoll_ctl(sleep_fd_, EPOLL_CTL_ADD, epfd_, &e);
+  pollers_changed(false);
 }
 
 bool Engine::test(const std::shared_ptr<Request>& req) {

@@ -190,6 +190,7 @@ class Engine {
   bool caller_poll();
   bool try_run_lock();
   void caller_polling(bool start);
+  void pollers_changed(bool start);
   void renew_test_lease();
   void end_test_lease(bool only_if_lapsed);
   bool may_take_caller_path(const Request& req) const;
@@ -266,8 +267,7 @@ class Engine {
   // The test lease: a caller polling test() in a loop (an NCCL plugin's progress thread) keeps
   // the engine thread off the sockets until kTestLeaseNs after its last test(), so the frames
   // it polls for need no hand-over (the engine thread looks again when the lease lapses).
-  bool leased_ = false;            // under pollers_mu_; holds one of pollers_
-  std::atomic<bool> lease_held_{false};
+  std::atomic<bool> lease_held_{false};   // changed under pollers_mu_; holds one of pollers_
   std::atomic<int64_t> lease_until_ns_{0};
   Pollable wake_poll_{Pollable::kWake};
   std::thread thread_;

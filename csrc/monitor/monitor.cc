@@ -379,14 +379,16 @@ void Monitor::steer_backups(const std::map<int, std::vector<RailStats>>& by_peer
   nic_degraded_.resize(n, false);
   std::vector<double> rate(n, 0);
   bool standby_seen = false;
+  // A standby rail this monitor put to work is still a backup, not a primary.
+  auto engaged_rail = [&](int peer, int rail) {
+    auto e = engaged_.find(peer);
+    return e != engaged_.end() && std::find(e->second.rails.begin(), e->second.rails.end(), rail) != e->second.rails.end();
+  };
   for (auto& [peer, stats] : by_peer) {
-    auto eng = engaged_.find(peer);
     for (auto& s : stats) {
       standby_seen = standby_seen || s.standby;
-      const bool ours = eng != engaged_.end() &&
-                        std::find(eng->second.rails.begin(), eng->second.rails.end(), s.rail) != eng->second.rails.end();
       auto it = rails_.find({peer, s.rail});
-      if (s.standby || ours || s.state != RailState::kUp || it == rails_.end() || s.local_nic < 0 ||
+      if (s.standby || engaged_rail(peer, s.rail) || s.state != RailState::kUp || it == rails_.end() || s.local_nic < 0 ||
           static_cast<size_t>(s.local_nic) >= n)
         continue;
       rate[static_cast<size_t>(s.local_nic)] = std::max(rate[static_cast<size_t>(s.local_nic)], it->second.bw);
@@ -403,9 +405,7 @@ void Monitor::steer_backups(const std::map<int, std::vector<RailStats>>& by_peer
   }
   for (auto& [peer, stats] : by_peer) {
     auto eng = engaged_.find(peer);
-    auto is_ours = [&](int rail) {
-      return eng != engaged_.end() && std::find(eng->second.rails.begin(), eng->second.rails.end(), rail) != eng->second.rails.end();
-    };
+    auto is_ours = [&](int rail) { return engaged_rail(peer, rail); };
     bool primary = false, all_degraded = true;
     std::string nic_names;
     for (auto& s : stats) {
