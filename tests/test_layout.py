@@ -157,6 +157,12 @@ CPP_MAY_INCLUDE = {
 }
 # The per-peer state machine and its window have no socket or transport in them.
 CPP_NO_NET = ("core/channel.h", "core/channel.cc", "core/rail_pace.h", "core/rail_pace.cc")
+# Inside net/ (net/registry.h): the core and the NCCL plugin see transports only through the seam
+# and the registry, never a backend; a backend's folder (net/socket, net/ibverbs) includes the
+# seam, the shared TCP stream (net/tcp) and its own files, never another backend's; only the
+# registry names the backends, by their entry headers.
+NET_SEAM = {"net/transport.h", "net/registry.h"}
+NET_SHARED = ("net/tcp/",)
 
 
 def test_no_cpp_include_runs_across_a_layer():
@@ -177,6 +183,45 @@ def test_no_cpp_include_runs_across_a_layer():
                         if m.group(1) not in CPP_MAY_INCLUDE[folder] or (rel in CPP_NO_NET and m.group(1) == "net"):
                             bad.append(f"{rel}: {line.strip()}")
     assert not bad, "includes across a layer:\n" + "\n".join(bad)
+
+
+def _net_include_problem(rel: str, target: str) -> str:
+    """Why csrc/`rel` may not include "`target`" (a path under net/), or ''."""
+    top = rel.split("/")[0]
+    if top != "net":
+        if top in ("core", "nccl") and target not in NET_SEAM:
+            return "the core and the NCCL plugin see transports only through net/transport.h and net/registry.h"
+        return ""
+    parts = rel.split("/")
+    if len(parts) == 2:   # net/<file>: the seam, the registry, nic.cc
+        if target.startswith(NET_SHARED) or target.count("/") == 1:
+            return ""
+        if rel.startswith("net/registry.") and target.endswith("_backend.h"):
+            return ""
+        return "outside a backend's folder only the registry names a backend, by its entry header"
+    mine = "/".join(parts[:2]) + "/"
+    if target.count("/") == 1 or target.startswith(NET_SHARED) or target.startswith(mine):
+        return ""
+    return f"a backend ({mine}) includes the seam, net/tcp and its own files, not another backend's"
+
+
+def test_net_backends_stay_behind_the_seam_and_the_registry():
+    import re
+    bad = []
+    for folder in sorted(os.listdir(CSRC)):
+        for root, _, files in os.walk(os.path.join(CSRC, folder)):
+            for name in files:
+                rel = os.path.relpath(os.path.join(root, name), CSRC)
+                with open(os.path.join(root, name), errors="replace") as f:
+                    for line in f:
+                        m = re.match(r'\s*#\s*include\s+"(net/[^"]+)"', line)
+                        if m and (why := _net_include_problem(rel, m.group(1))):
+                            bad.append(f"{rel}: {line.strip()} ({why})")
+    assert not bad, "includes past the transport seam:\n" + "\n".join(bad)
+    # The rule can fail: the engine naming the verbs backend, verbs reaching into sockets.
+    assert _net_include_problem("core/engine.cc", "net/ibverbs/verbs_transport.h")
+    assert _net_include_problem("net/ibverbs/verbs_link.cc", "net/socket/send_ring.h")
+    assert not _net_include_problem("net/ibverbs/verbs_link.cc", "net/tcp/stream.h")
 
 
 def test_the_tiers_and_the_skip_rules(tmp_path):

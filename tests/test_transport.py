@@ -223,6 +223,10 @@ def test_transport_choice_without_rdma_is_sockets_and_ibverbs_is_a_clear_error()
         with pytest.raises(R2cclError, match=r"uses socket, the peer's NIC 127\.0\.0\.9:4000 uses ibverbs") as e:
             ep.add_peer(1, ["ibverbs:127.0.0.9:4000", "127.0.0.9:4001"])
         assert e.value.cause == "invalid_argument" and e.value.peer == 1
+        # An address naming a transport this build lacks (net/registry.cc): refused, named.
+        with pytest.raises(R2cclError, match=r"address 'rdma9:127\.0\.0\.9:4000' names transport 'rdma9', "
+                                             r"which this build does not have"):
+            ep.add_peer(1, ["rdma9:127.0.0.9:4000"])
     finally:
         ep.close()
     with pytest.raises(R2cclError, match=r"R2CCL_TRANSPORT=ibverbs: NIC 127\.0\.0\.1: .+") as e:

@@ -19,7 +19,7 @@
 #include "base/log.h"
 #include "core/digest.h"
 #include "core/engine_internal.h"
-#include "net/ibverbs/verbs_transport.h"
+#include "net/registry.h"
 
 namespace r2ccl {
 
@@ -30,25 +30,7 @@ using namespace detail;
 namespace {
 thread_local const Engine* t_running = nullptr;
 
-// The CPUs this process may run on.
-int usable_cpus() {
-  cpu_set_t set;
-  if (sched_getaffinity(0, sizeof set, &set) == 0) return std::max(1, CPU_COUNT(&set));
-  return std::max(1u, std::thread::hardware_concurrency());
-}
 }  // namespace
-
-// R2CCL_IO_THREADS: -1 (auto) gives one thread per NIC where there are two NICs or more and
-// the process may run on at least kIoCpusPerNic CPUs per NIC, else 0 (measured: 8 loopback
-// rails on 16 CPUs, 4.1 GB/s on the progress thread alone, 14.6 GB/s with 8 I/O threads, and 1
-// I/O thread slower than none; on 2 CPUs no gain, and striping skews as the threads compete
-// for the cores; BENCHMARKS.md).
-int resolve_io_threads(int setting, size_t nics) {
-  if (setting >= 0) return setting;
-  const size_t cpus = static_cast<size_t>(usable_cpus());
-  if (nics < 2 || cpus < static_cast<size_t>(kIoCpusPerNic) * nics) return 0;
-  return static_cast<int>(std::min<size_t>(nics, static_cast<size_t>(kIoThreadsMax)));
-}
 
 // The engine's work on a caller's thread (or the engine thread): marks the thread as running
 // it and collects the on_finish callbacks of requests finished meanwhile; on a caller's
@@ -112,10 +94,7 @@ Engine::Engine(const Config& cfg, int rank, int world, const std::vector<std::st
   limits_.max_chunk_bytes = kChunkBytesMax;   // no valid chunk_bytes cuts a larger chunk
   limits_.max_message_bytes = cfg.max_message_bytes;
   scratch_.resize(256 << 10);
-  io_threads_ = resolve_io_threads(cfg.io_threads, nics_.size());
-  tp_ = make_socket_transport(io_threads_);
-  choose_transports();
-  R2_INFO("socket I/O: %s", io_threads_ ? (std::to_string(io_threads_) + " I/O thread(s)").c_str() : "on the progress thread");
+  transports_ = std::make_unique<NicTransports>(nics_, cfg_);
 
   // Two sets: epfd_ holds every socket (links, handshakes, listeners) and is what callers on
   // the caller's path poll; the engine thread sleeps on sleep_fd_, which holds the wake-up
@@ -135,13 +114,13 @@ Engine::Engine(const Config& cfg, int rank, int world, const std::vector<std::st
   }
   for (size_t i = 0; i < nics_.size(); i++) {
     int port = cfg.port > 0 ? cfg.port + static_cast<int>(i) : 0;
-    listeners_.push_back(nic_tp_[i]->listen(nics_[i], port, linkopt_));
+    listeners_.push_back(transports_->of(i).listen(nics_[i], port, linkopt_));
     auto p = std::make_unique<Pollable>();
     p->kind = Pollable::kListener;
     p->index = static_cast<int>(i);
     epoll_add(listeners_.back()->wait_fd(), p.get(), EPOLLIN);
     listener_polls_.push_back(std::move(p));
-    addresses_.push_back((nic_tp_[i] == tp_.get() ? "" : kVerbsAddrPrefix) + listeners_.back()->local_addr().str());
+    addresses_.push_back(transports_->publish(i, listeners_.back()->local_addr()));
   }
   thread_ = std::thread([this] {
     name_this_thread("r2ccl-engine");
@@ -262,35 +241,9 @@ Peer* Engine::peer(int rank) {
   return it->second.get();
 }
 
-// R2CCL_TRANSPORT per NIC: socket everywhere; ibverbs everywhere (a NIC without an ACTIVE
-// RDMA port is an error naming it); auto: ibverbs where the NIC has one, else socket.
-void Engine::choose_transports() {
-  VerbsOptions vo;
-  vo.gid_index = cfg_.ib_gid_index;
-  vo.timeout = cfg_.ib_timeout;
-  vo.retry_count = cfg_.ib_retry_count;
-  vo.bootstrap_timeout_ms = cfg_.connect_timeout_ms;
-  std::vector<bool> verbs(nics_.size(), false);
-  if (cfg_.transport != "socket") {
-    const std::vector<RdmaPort> ports = rdma_ports();
-    for (size_t i = 0; i < nics_.size(); i++) {
-      std::string why;
-      verbs[i] = verbs_serves(nics_[i], vo, ports, &why);
-      if (!verbs[i] && cfg_.transport == "ibverbs")
-        throw Error(Cause::kSystem, -1, "R2CCL_TRANSPORT=ibverbs: NIC " + nics_[i].name + ": " + why);
-      if (!verbs[i]) R2_INFO("NIC %s: sockets (%s)", nics_[i].name.c_str(), why.c_str());
-    }
-  }
-  if (std::count(verbs.begin(), verbs.end(), true)) vtp_ = make_verbs_transport(vo);
-  for (size_t i = 0; i < nics_.size(); i++) {
-    nic_tp_.push_back(verbs[i] ? vtp_.get() : tp_.get());
-    if (verbs[i]) R2_INFO("NIC %s: ibverbs", nics_[i].name.c_str());
-  }
-}
-
 std::vector<std::string> Engine::transports() const {
   std::vector<std::string> out;
-  for (auto* t : nic_tp_) out.push_back(t->name());
+  for (size_t i = 0; i < transports_->size(); i++) out.push_back(transports_->backend(i).name);
   return out;
 }
 
@@ -298,16 +251,11 @@ void Engine::add_peer(int peer, const std::vector<std::string>& addrs, bool open
   const std::string invalid = identity_->check_peer(peer);
   if (!invalid.empty()) throw Error(Cause::kInvalidArgument, peer, invalid);
   if (addrs.empty()) throw Error(Cause::kInvalidArgument, peer, "peer has no addresses");
-  std::vector<NetAddr> remote;
-  std::vector<bool> remote_verbs;
-  for (auto& a : addrs) {
-    const bool v = a.compare(0, std::strlen(kVerbsAddrPrefix), kVerbsAddrPrefix) == 0;
-    remote_verbs.push_back(v);
-    remote.push_back(NetAddr::parse(v ? a.substr(std::strlen(kVerbsAddrPrefix)) : a));
-  }
+  std::vector<PeerAddress> remote;
+  for (auto& a : addrs) remote.push_back(parse_address(a));
   call([&] {
     if (peers_.count(peer)) throw Error(Cause::kInvalidArgument, peer, "peer added twice");
-    Peer& c = make_peer(peer, remote, remote_verbs);
+    Peer& c = make_peer(peer, remote);
     if (open) open_peer(c);
     for (auto& p : pendings_)
       if (p->parked && !p->dead) {
@@ -317,11 +265,13 @@ void Engine::add_peer(int peer, const std::vector<std::string>& addrs, bool open
   });
 }
 
-Peer& Engine::make_peer(int peer, const std::vector<NetAddr>& remote, const std::vector<bool>& remote_verbs) {
+Peer& Engine::make_peer(int peer, const std::vector<PeerAddress>& addrs) {
   auto pr = std::make_unique<Peer>();
   pr->eng = this;
   pr->rank = peer;
   pr->connector = identity_->dials(peer);
+  std::vector<NetAddr> remote;
+  for (const PeerAddress& a : addrs) remote.push_back(a.addr);
   pr->remote = remote;
   size_t n_local = nics_.size(), n_remote = remote.size();
   size_t pairs = std::max(n_local, n_remote);
@@ -334,14 +284,14 @@ Peer& Engine::make_peer(int peer, const std::vector<NetAddr>& remote, const std:
     size_t p = i % pairs;
     int local = static_cast<int>(p % n_local), rem = static_cast<int>(p % n_remote);
     nic_pairs.push_back({local, rem});
-    const bool mine = nic_tp_[static_cast<size_t>(local)] != tp_.get();
-    if (mine != remote_verbs[static_cast<size_t>(rem)])
+    const TransportBackend& mine = transports_->backend(static_cast<size_t>(local));
+    const TransportBackend& theirs = *addrs[static_cast<size_t>(rem)].backend;
+    if (&mine != &theirs)
       throw Error(Cause::kInvalidArgument, peer,
                   "rail " + std::to_string(i) + " to " + identity_->peer_name(peer) + ": our NIC " + nics_[local].name +
-                      " uses " + (mine ? "ibverbs" : "socket") + ", the peer's NIC " + remote[rem].str() + " uses " +
-                      (mine ? "socket" : "ibverbs") +
-                      "; every rank must pick the same transport for a NIC pair (set R2CCL_TRANSPORT=socket on "
-                      "every rank, or give every rank RDMA ports on these NICs)");
+                      " uses " + mine.name + ", the peer's NIC " + remote[rem].str() + " uses " + theirs.name +
+                      "; every rank must pick the same transport for a NIC pair (set R2CCL_TRANSPORT to one "
+                      "transport on every rank, or give every rank the same kind of NIC on these NICs)");
     names.push_back("rail " + std::to_string(i) + " to " + identity_->peer_name(peer) + " (" + nics_[local].name +
                     " " + nics_[local].addr_str() +
                     (unknown(remote[rem]) ? " <- its NIC " + std::to_string(rem) : " -> " + remote[rem].str()) + ")");

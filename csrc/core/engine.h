@@ -24,6 +24,7 @@
 #include "core/handshake.h"
 #include "core/identity.h"
 #include "core/endpoint.h"
+#include "net/registry.h"
 #include "net/transport.h"
 
 namespace r2ccl {
@@ -77,9 +78,6 @@ struct Link {
 
 class Engine;
 
-// R2CCL_IO_THREADS resolved for `nics` NICs on this machine (-1: the automatic choice).
-int resolve_io_threads(int setting, size_t nics);
-
 // A peer: its channel (the socket-free state machine) and the links that carry its rails.
 // It is the channel's RailIo.
 struct Peer final : RailIo {
@@ -118,8 +116,7 @@ class Engine {
 
   int rank() const { return rank_; }
   int world() const { return world_; }
-  int io_threads() const { return io_threads_; }
-  // Each local NIC's transport ("socket" or "ibverbs"), in NIC order.
+  // Each local NIC's transport by its registry name (net/registry.h), in NIC order.
   std::vector<std::string> transports() const;
   std::vector<std::string> addresses() const { return addresses_; }
   const Config& config() const { return cfg_; }
@@ -231,7 +228,8 @@ class Engine {
   void redial_link(Peer& pr, Link& l);
   void open_peer(Peer& pr);   // engine context
   // Engine context: a new peer's channel and links (add_peer; a hello the identity adds).
-  Peer& make_peer(int peer, const std::vector<NetAddr>& remote, const std::vector<bool>& remote_verbs);
+  // `remote`: the peer's listeners (an address of 0.0.0.0:0 where it dials in), each with its transport.
+  Peer& make_peer(int peer, const std::vector<PeerAddress>& remote);
   bool may_dial(const Peer& pr, const Link& l) const;
   void set_interest(Link& l);
   void epoll_add(int fd, Pollable* p, uint32_t ev);
@@ -242,7 +240,6 @@ class Engine {
   Peer* peer(int rank);
   void check_peer_gone(Peer& pr, int64_t now);
   bool probe_refused(Peer& pr);
-  void choose_transports();   // nic_tp_ (and vtp_) from R2CCL_TRANSPORT, at construction
 
   Config cfg_;
   int rank_, world_;
@@ -251,12 +248,9 @@ class Engine {
   LinkOptions linkopt_;
   WireLimits limits_{};
   bool rate_faults_seen_ = false;   // engine thread: a rate fault was injected (Link::next_tx_ns in use)
-  int io_threads_ = 0;             // the transport's I/O threads (R2CCL_IO_THREADS resolved)
-  std::unique_ptr<Transport> tp_;   // sockets: NICs R2CCL_TRANSPORT gives no RDMA port
-  std::unique_ptr<Transport> vtp_;  // verbs: made when some NIC uses it
-  std::vector<Transport*> nic_tp_;  // each local NIC's transport
+  std::unique_ptr<NicTransports> transports_;   // each local NIC's transport (R2CCL_TRANSPORT)
   // The transport of rail `r` (its local NIC's; add_peer made sure the peer's NIC agrees).
-  Transport& rail_transport(const Rail& r) const { return *nic_tp_[static_cast<size_t>(r.local_nic)]; }
+  Transport& rail_transport(const Rail& r) const { return transports_->of(static_cast<size_t>(r.local_nic)); }
   std::vector<std::unique_ptr<FrameListener>> listeners_;
   std::vector<std::unique_ptr<Pollable>> listener_polls_;
   std::vector<std::string> addresses_;

@@ -179,11 +179,11 @@ Peer* Engine::admitted_peer(Pending& p) {
     return nullptr;
   }
   const size_t n = static_cast<size_t>(p.hs.add_with_nics());
-  std::vector<NetAddr> remote(n);
-  std::vector<bool> remote_verbs(n);
-  for (size_t k = 0; k < n; k++) remote_verbs[k] = nic_tp_[k % nics_.size()] != tp_.get();
+  // Its NIC k pairs with ours k % nics (make_peer): it dialled that pair with our NIC's transport.
+  std::vector<PeerAddress> remote(n);
+  for (size_t k = 0; k < n; k++) remote[k].backend = &transports_->backend(k % nics_.size());
   try {
-    Peer& c = make_peer(id, remote, remote_verbs);
+    Peer& c = make_peer(id, remote);
     c.probe_listener = false;
     c.opened = true;
     return &c;

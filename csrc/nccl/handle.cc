@@ -5,7 +5,7 @@
 
 #include <cstring>
 
-#include "net/ibverbs/verbs_transport.h"
+#include "net/registry.h"
 
 namespace r2ccl::nccl {
 
@@ -19,7 +19,8 @@ uint64_t get64(const uint8_t* p) { uint64_t v = 0; for (int i = 7; i >= 0; i--) 
 }  // namespace
 
 // Layout: magic u32, version u8, NIC count u8, device u8, reserved u8, listen id u64, nonce[32], then per
-// NIC (kHandleMaxNics slots): IPv4 (network order) u32, port u16, flags u8 (1: verbs), pad u8.
+// NIC (kHandleMaxNics slots): IPv4 (network order) u32, port u16, transport u8 (the registry's wire_id:
+// 0 socket, 1 ibverbs), pad u8.
 void ListenHandle::encode(uint8_t* out) const {
   std::memset(out, 0, kNcclHandleBytes);
   put32(out, kHandleMagic);
@@ -32,7 +33,7 @@ void ListenHandle::encode(uint8_t* out) const {
   for (const HandleAddr& a : addrs) {
     std::memcpy(p, &a.ipv4, 4);
     put16(p + 4, a.port);
-    p[6] = a.verbs ? 1 : 0;
+    p[6] = a.transport;
     p += 8;
   }
 }
@@ -54,8 +55,10 @@ std::string ListenHandle::decode(const uint8_t* in, ListenHandle* out) {
     HandleAddr a;
     std::memcpy(&a.ipv4, p, 4);
     a.port = get16(p + 4);
-    if (p[6] > 1 || a.port == 0) return "a handle with a malformed address";
-    a.verbs = p[6] == 1;
+    if (a.port == 0) return "a handle with a malformed address";
+    if (!backend_with_wire_id(p[6]))
+      return "a handle naming transport " + std::to_string(p[6]) + ", which this build does not have";
+    a.transport = p[6];
     out->addrs.push_back(a);
   }
   return {};
@@ -64,11 +67,11 @@ std::string ListenHandle::decode(const uint8_t* in, ListenHandle* out) {
 std::vector<std::string> ListenHandle::address_strings() const {
   std::vector<std::string> out;
   for (const HandleAddr& a : addrs) {
-    char ip[INET_ADDRSTRLEN];
-    in_addr ia{};
-    ia.s_addr = a.ipv4;
-    inet_ntop(AF_INET, &ia, ip, sizeof ip);
-    out.push_back(std::string(a.verbs ? kVerbsAddrPrefix : "") + ip + ":" + std::to_string(a.port));
+    NetAddr na;
+    na.sa.sin_family = AF_INET;
+    na.sa.sin_addr.s_addr = a.ipv4;
+    na.sa.sin_port = htons(a.port);
+    out.push_back(publish_address(*backend_with_wire_id(a.transport), na));
   }
   return out;
 }

@@ -22,7 +22,7 @@ inline constexpr uint8_t kHandleVersion = 2;   // 2: the listener's device
 struct HandleAddr {
   uint32_t ipv4 = 0;        // network byte order
   uint16_t port = 0;
-  bool verbs = false;       // the listener on this NIC speaks verbs ("ibverbs:" address)
+  uint8_t transport = 0;    // the listener's transport on this NIC: its registry wire_id (net/registry.h)
 };
 
 struct ListenHandle {
@@ -35,7 +35,7 @@ struct ListenHandle {
   void encode(uint8_t* out) const;
   // Reads one; "" or why the bytes are not a handle of this plugin (NCCL passes any bytes).
   static std::string decode(const uint8_t* in, ListenHandle* out);
-  // The addresses as Endpoint::add_peer takes them ("ip:port", "ibverbs:ip:port").
+  // The addresses as Endpoint::add_peer takes them (net/registry.h's publish_address).
   std::vector<std::string> address_strings() const;
 };
 

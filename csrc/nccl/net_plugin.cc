@@ -17,7 +17,7 @@
 #include "base/log.h"
 #include "base/settings.h"
 #include "monitor/health_json.h"
-#include "net/ibverbs/verbs_transport.h"
+#include "net/registry.h"
 #include "net/transport.h"
 
 namespace r2ccl::nccl {
@@ -342,9 +342,8 @@ abi::Result NetPlugin::listen(int dev, void* handle, void** listen_comm) {
   if (getrandom(h.nonce.data(), h.nonce.size(), 0) != static_cast<ssize_t>(h.nonce.size()))
     return fail(abi::kSystemError, "no random bytes for a listen handle");
   for (const std::string& a : ep->addresses()) {
-    const bool verbs = a.compare(0, std::strlen(kVerbsAddrPrefix), kVerbsAddrPrefix) == 0;
-    NetAddr na = NetAddr::parse(verbs ? a.substr(std::strlen(kVerbsAddrPrefix)) : a);
-    h.addrs.push_back(HandleAddr{na.sa.sin_addr.s_addr, ntohs(na.sa.sin_port), verbs});
+    const PeerAddress pa = parse_address(a);
+    h.addrs.push_back(HandleAddr{pa.addr.sa.sin_addr.s_addr, ntohs(pa.addr.sa.sin_port), pa.backend->wire_id});
   }
   std::string key;
   {

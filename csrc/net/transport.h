@@ -194,9 +194,4 @@ class Transport {
   virtual void deregister_memory(const MemRegion&) {}
 };
 
-// The TCP backend (net/socket): frames as bytes on a stream, no registration. io_threads 0:
-// a link's syscalls run on the thread that polls it; N > 0: on N I/O threads the NICs are
-// dealt to (net/socket/io_threads.h).
-std::unique_ptr<Transport> make_socket_transport(int io_threads);
-
 }  // namespace r2ccl

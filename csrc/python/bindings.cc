@@ -34,6 +34,7 @@
 #include "core/wire.h"
 #include "net/ibverbs/rdma_ports.h"
 #include "net/ibverbs/verbs_transport.h"
+#include "net/socket/socket_backend.h"
 
 namespace nb = nanobind;
 using namespace r2ccl;

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "net/socket/socket_backend.h"
 #include "net/transport.h"
 #include "check.h"
 

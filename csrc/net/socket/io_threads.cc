@@ -35,24 +35,14 @@
 #include "base/config.h"
 #include "base/error.h"
 #include "base/log.h"
+#include "net/socket/send_ring.h"
 
 namespace r2ccl {
 namespace socket_detail {
 
-LinkError classify_errno(int err) {
-  switch (err) {
-    case EPIPE:
-    case ECONNRESET: return LinkError::kClosedByPeer;
-    case ECONNREFUSED: return LinkError::kRefused;
-    case ETIMEDOUT: return LinkError::kTimedOut;
-    case ENETUNREACH:
-    case EHOSTUNREACH:
-    case ENETDOWN:
-    case EADDRNOTAVAIL:
-    case EINVAL: return LinkError::kUnreachable;
-    default: return LinkError::kIo;
-  }
-}
+using tcp::classify_errno;
+using tcp::IoResult;
+using tcp::StreamSocket;
 
 namespace {
 

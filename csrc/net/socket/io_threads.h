@@ -14,7 +14,7 @@
 #pragma once
 #include <memory>
 
-#include "net/socket/stream.h"
+#include "net/tcp/stream.h"
 #include "net/transport.h"
 
 namespace r2ccl {
@@ -29,9 +29,8 @@ int io_pool_threads(const IoPool& pool);
 
 // A link over `s` driven by `pool`'s thread for `nic`.
 std::unique_ptr<FrameLink> make_threaded_link(const std::shared_ptr<IoPool>& pool, const Nic& nic,
-                                              std::unique_ptr<StreamSocket> s, size_t header_bytes, bool connecting);
-
-LinkError classify_errno(int err);
+                                              std::unique_ptr<tcp::StreamSocket> s, size_t header_bytes,
+                                              bool connecting);
 
 }  // namespace socket_detail
 }  // namespace r2ccl

@@ -14,21 +14,22 @@
 
 #include "base/error.h"
 #include "net/socket/io_threads.h"
-#include "net/socket/stream.h"
+#include "net/socket/send_ring.h"
+#include "net/tcp/stream.h"
 #include "net/transport.h"
 
 namespace r2ccl {
 namespace {
 
-using socket_detail::classify_errno;
 using socket_detail::IoPool;
-using socket_detail::IoResult;
 using socket_detail::kDropBytes;
 using socket_detail::make_io_pool;
 using socket_detail::make_threaded_link;
 using socket_detail::next_write;
 using socket_detail::SendRing;
-using socket_detail::StreamSocket;
+using tcp::classify_errno;
+using tcp::IoResult;
+using tcp::StreamSocket;
 
 class TcpFrameLink final : public FrameLink {
  public:
@@ -231,9 +232,9 @@ class TcpFrameListener final : public FrameListener {
       : fd_(fd), nic_(nic), opt_(opt), pool_(std::move(pool)) {}
   ~TcpFrameListener() override { ::close(fd_); }
   int wait_fd() const override { return fd_; }
-  NetAddr local_addr() const override { return socket_detail::local_addr_of(fd_); }
+  NetAddr local_addr() const override { return tcp::local_addr_of(fd_); }
   std::unique_ptr<FrameLink> accept() override {
-    auto s = socket_detail::accept_socket(fd_, nic_, opt_);
+    auto s = tcp::accept_socket(fd_, nic_, opt_);
     if (!s) return nullptr;
     return make_link(pool_, nic_, std::move(s), opt_.header_bytes, false);
   }
@@ -252,10 +253,10 @@ class TcpTransport final : public Transport {
   }
   const char* name() const override { return "socket"; }
   std::unique_ptr<FrameListener> listen(const Nic& nic, int port, const LinkOptions& opt) override {
-    return std::make_unique<TcpFrameListener>(socket_detail::listen_socket(nic, port, opt), nic, opt, pool_);
+    return std::make_unique<TcpFrameListener>(tcp::listen_socket(nic, port, opt), nic, opt, pool_);
   }
   std::unique_ptr<FrameLink> connect(const Nic& local, const NetAddr& remote, const LinkOptions& opt) override {
-    return make_link(pool_, local, socket_detail::connect_socket(local, remote, opt), opt.header_bytes, true);
+    return make_link(pool_, local, tcp::connect_socket(local, remote, opt), opt.header_bytes, true);
   }
   // Registration: the seam's defaults (sockets need none).
 

@@ -1,7 +1,8 @@
-// The TCP socket backend's streams: every connection is bound to its NIC's source address
-// (and, when allowed, to the device itself), nonblocking, with TCP_NODELAY, large buffers
-// and TCP_USER_TIMEOUT so a dead path errors in bounded time. Frames on top: tcp_link.cc.
-// Knows nothing of rails or of the frame format.
+// The TCP stream (stream.h): every connection bound to its NIC's source address (and, when
+// allowed, the device itself), nonblocking, TCP_NODELAY, large buffers, and TCP_USER_TIMEOUT so
+// a dead path errors in bounded time. Knows nothing of rails, frames or verbs.
+#include "net/tcp/stream.h"
+
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/tcp.h>
@@ -13,10 +14,9 @@
 
 #include "base/error.h"
 #include "base/log.h"
-#include "net/socket/stream.h"
 
 namespace r2ccl {
-namespace socket_detail {
+namespace tcp {
 namespace {
 
 [[noreturn]] void throw_sys(const std::string& what) {
@@ -160,5 +160,20 @@ std::unique_ptr<StreamSocket> connect_socket(const Nic& local, const NetAddr& re
   return std::make_unique<StreamSocket>(fd, local.addr_str() + "->" + remote.str(), err);
 }
 
-}  // namespace socket_detail
+LinkError classify_errno(int err) {
+  switch (err) {
+    case EPIPE:
+    case ECONNRESET: return LinkError::kClosedByPeer;
+    case ECONNREFUSED: return LinkError::kRefused;
+    case ETIMEDOUT: return LinkError::kTimedOut;
+    case ENETUNREACH:
+    case EHOSTUNREACH:
+    case ENETDOWN:
+    case EADDRNOTAVAIL:
+    case EINVAL: return LinkError::kUnreachable;
+    default: return LinkError::kIo;
+  }
+}
+
+}  // namespace tcp
 }  // namespace r2ccl

@@ -1,6 +1,6 @@
-// The socket backend's byte stream: a nonblocking TCP socket bound to its NIC, and the calls
-// that make one (listen, accept, connect). Internal to net/socket: the rest of the project
-// sees only the frame seam (net/transport.h), which tcp_link.cc builds on this.
+// The socket backend's send queue: the sends posted on one link, in order, and how much of the
+// next one a write takes. Internal to net/socket (tcp_link.cc and io_threads.cc keep their
+// posts in one); the stream under it is net/tcp.
 #pragma once
 #include <sys/uio.h>
 
@@ -8,42 +8,11 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
-#include <memory>
-#include <string>
 
 #include "net/transport.h"
 
 namespace r2ccl {
 namespace socket_detail {
-
-// The outcome of one nonblocking transfer.
-struct IoResult {
-  enum Kind { kOk, kWouldBlock, kEof, kError } kind;
-  size_t bytes;    // bytes moved when kOk
-  int err;         // errno when kError
-};
-
-class StreamSocket {
- public:
-  // `immediate_err`: connect() itself failed with this errno (no route, EINVAL, refused at
-  // once); finish_connect() reports it, since the socket's SO_ERROR never will.
-  StreamSocket(int fd, std::string desc, int immediate_err = 0);
-  ~StreamSocket();
-  StreamSocket(const StreamSocket&) = delete;
-  StreamSocket& operator=(const StreamSocket&) = delete;
-  int fd() const { return fd_; }
-  // kOk once established, kWouldBlock while pending, kError with the errno when it failed.
-  IoResult finish_connect();
-  IoResult writev(const iovec* iov, int iovcnt);
-  IoResult read(void* buf, size_t len);
-  void shutdown();
-  const std::string& describe() const { return desc_; }
-
- private:
-  int fd_;
-  std::string desc_;
-  int immediate_err_;
-};
 
 // Payload a link drops (the rest of a cancelled receive) is read in steps of this.
 inline constexpr size_t kDropBytes = 256 << 10;
@@ -100,15 +69,6 @@ inline int next_write(const SendRing::Out& o, size_t header_bytes, size_t budget
   iov[1] = {const_cast<uint8_t*>(o.payload), rest};
   return 2;
 }
-
-// A listening socket on `nic` (port 0: any); throws Error(kSystem) naming the NIC.
-int listen_socket(const Nic& nic, int port, const LinkOptions& opt);
-// One pending connection of listener `fd`, or null when none is pending.
-std::unique_ptr<StreamSocket> accept_socket(int fd, const Nic& nic, const LinkOptions& opt);
-// A nonblocking connect from `local` to `remote`; an immediate failure is kept for
-// finish_connect. Throws Error(kSystem) when no socket can be made or bound.
-std::unique_ptr<StreamSocket> connect_socket(const Nic& local, const NetAddr& remote, const LinkOptions& opt);
-NetAddr local_addr_of(int fd);
 
 }  // namespace socket_detail
 }  // namespace r2ccl
