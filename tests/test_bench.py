@@ -56,6 +56,10 @@ def test_every_p2p_row_reports_cpu_per_gb_on_both_ends(tmp_path):
         assert v is not None and v > 0, (side, row)
         user, system = row[f"cpu_{side}"]
         assert abs((user + system) / (2 * 4 * 2**20 / 1e9) - v) < 1e-9, (side, row)
+    # Copies per byte, each end: the socket backend copies nothing itself (the kernel's copies are
+    # not the transport's); tests/test_verbs.py checks the verbs bounce path's 1 + 1.
+    assert row["copies_per_byte"] == {"send": 0.0, "recv": 0.0}, row
+    assert "copies/B" in text and "0.00+0.00" in text, text[-4000:]
 
 
 @pytest.mark.timeout(200)

@@ -74,6 +74,11 @@ def test_exact_transfers_of_several_sizes_ride_verbs_on_both_rails(bed):
         rails = r["stats"]["1" if "1" in r["stats"] else "0"]
         assert [s["transport"] for s in rails] == ["ibverbs", "ibverbs"], rails
         assert all(s["state"] == "up" and s["tx_bytes"] > 1 << 20 for s in rails), rails
+        # The bounce path copies each payload byte once on each side (FrameLink::copied): the
+        # data's bytes plus the control frames' few (acks, heartbeats, the handshake).
+        for s in rails:
+            assert s["tx_bytes"] <= s["tx_copied_bytes"] <= s["tx_bytes"] * 1.01 + (64 << 10), s
+            assert s["rx_bytes"] <= s["rx_copied_bytes"] <= s["rx_bytes"] * 1.01 + (64 << 10), s
 
 
 def _cut(guest, nic):

@@ -23,7 +23,8 @@ def pattern(nbytes: int, seed: int) -> np.ndarray:
 
 def _stats_summary(ep, peer):
     return [{k: s[k] for k in ("rail", "state", "tx_bytes", "rx_bytes", "retransmitted_chunks", "failures",
-                               "recoveries", "last_error", "last_reason", "last_change_unix_s", "last_failure_unix_s", "transport")}
+                               "recoveries", "last_error", "last_reason", "last_change_unix_s", "last_failure_unix_s", "transport",
+                               "tx_copied_bytes", "rx_copied_bytes")}
             for s in ep.rail_stats(peer)]
 
 

@@ -29,6 +29,9 @@ struct RailStats {
   uint64_t tx_bytes = 0, rx_bytes = 0;       // payload bytes written / applied
   uint64_t tx_chunks = 0, rx_chunks = 0;
   uint64_t acked_bytes = 0;                  // bytes the peer confirmed on this rail
+  // Payload bytes the transport copied on the CPU for this rail (FrameLink::copied: through
+  // verbs bounce buffers; 0 on sockets, whose copies are the kernel's, and on zero-copy paths).
+  uint64_t tx_copied_bytes = 0, rx_copied_bytes = 0;
   uint64_t retransmitted_chunks = 0;         // chunks this rail carried for a failed sibling
   uint64_t inflight_bytes = 0;
   uint64_t unsent_bytes = 0;                 // of the data frame being written: payload not yet handed to the socket

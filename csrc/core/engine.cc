@@ -381,6 +381,11 @@ void Peer::recv_dropped(int rail) {
 }
 
 void Engine::set_link(Link& l, std::unique_ptr<FrameLink> link) {
+  if (l.link) {
+    const FrameLink::CopiedBytes c = l.link->copied();
+    l.copied_before.tx += c.tx;
+    l.copied_before.rx += c.rx;
+  }
   l.link = std::move(link);
   l.generation++;
   l.posted = false;
@@ -731,6 +736,9 @@ void Engine::collect_stats(const Peer& pr, int64_t now, double unix_now, std::ve
     s.tx_chunks = r.tx_chunks;
     s.rx_chunks = r.rx_chunks;
     s.acked_bytes = r.acked_bytes;
+    const FrameLink::CopiedBytes now_copied = l.link ? l.link->copied() : FrameLink::CopiedBytes{};
+    s.tx_copied_bytes = l.copied_before.tx + now_copied.tx;
+    s.rx_copied_bytes = l.copied_before.rx + now_copied.rx;
     s.retransmitted_chunks = r.retransmitted;
     s.inflight_bytes = r.inflight;
     if (r.cur.active && r.cur.is_data)

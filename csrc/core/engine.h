@@ -72,6 +72,7 @@ struct Link {
   int64_t next_attempt_ns = 0;
   bool refused = false;            // the last connect attempt was actively refused
   Fault fault = Fault::kNone;
+  FrameLink::CopiedBytes copied_before;   // payload bytes the rail's earlier links copied (RailStats)
   double rate_bps = 0, tokens = 0;
   int64_t tokens_ns = 0, next_tx_ns = 0;
 };

@@ -148,6 +148,15 @@ class FrameLink {
   // whenever poll_recv finds nothing.
   virtual bool rx_drained() const { return true; }
 
+  // Payload bytes this link copied on the CPU so far: into its own send buffers (tx) and out
+  // of its receive buffers into posted space (rx); frame headers are not counted, nor a
+  // kernel's copies (a socket's). What a zero-copy path saves: 0 where the NIC reads and
+  // writes the posted memory itself.
+  struct CopiedBytes {
+    uint64_t tx = 0, rx = 0;
+  };
+  virtual CopiedBytes copied() const { return {}; }
+
   virtual const LinkFailure& failure() const = 0;
   // Ends traffic in both directions now (the peer sees its link close).
   virtual void shutdown() = 0;

@@ -129,6 +129,8 @@ nb::dict stats_dict(const RailStats& s) {
   d["tx_chunks"] = s.tx_chunks;
   d["rx_chunks"] = s.rx_chunks;
   d["acked_bytes"] = s.acked_bytes;
+  d["tx_copied_bytes"] = s.tx_copied_bytes;
+  d["rx_copied_bytes"] = s.rx_copied_bytes;
   d["retransmitted_chunks"] = s.retransmitted_chunks;
   d["inflight_bytes"] = s.inflight_bytes;
   d["failures"] = s.failures;

@@ -159,6 +159,7 @@ class VerbsLink final : public FrameLink {
   void accept_header(size_t payload_len) override;
   void post_recv(void* dst, size_t len, const MemRegion*) override;
   bool drop_recv() override;
+  CopiedBytes copied() const override { return copied_; }
 
  private:
   enum class Phase { kSetup, kConnecting, kAwaitRecord, kUp };
@@ -279,6 +280,7 @@ class VerbsLink final : public FrameLink {
   size_t piece_len_ = 0, piece_got_ = 0;
   uint16_t reposted_ = 0, returned_ = 0;   // data buffers reposted; the count our last SEND carried
   bool peer_out_ = false;
+  CopiedBytes copied_;   // payload bytes through the bounce buffers (copied())
 };
 
 // ---------------------------------------------------------------- set-up (verbs_connect.cc)

@@ -82,7 +82,10 @@ LinkCompletion VerbsLink::poll_recv() {
         }
       }
       const size_t n = std::min<size_t>(piece_len_ - piece_got_, cur_.len - cur_off_);
-      if (piece_dst_) std::memcpy(piece_dst_ + piece_got_, buf(cur_.buf) + kPrefix + cur_off_, n);
+      if (piece_dst_) {
+        std::memcpy(piece_dst_ + piece_got_, buf(cur_.buf) + kPrefix + cur_off_, n);
+        copied_.rx += n;
+      }
       cur_off_ += n;
       piece_got_ += n;
       c.moved += n;
@@ -199,7 +202,10 @@ size_t VerbsLink::pump_data(size_t budget) {
         w = h;
         at += h;
       }
-      if (w < n) std::memcpy(d + kPrefix + w, p.payload + (at - hb_), n - w);
+      if (w < n) {
+        std::memcpy(d + kPrefix + w, p.payload + (at - hb_), n - w);
+        copied_.tx += n - w;
+      }
       if (!post_send_wr(b, d, kPrefix + n)) return moved;
       inflight_.push_back(b);
       credits_--;

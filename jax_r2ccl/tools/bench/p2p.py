@@ -121,6 +121,7 @@ class Runner:
         self.iterations: list[dict] = []
         self.send_times: dict[str, float] = {}   # sender: "impl/size/iter" -> us until its send completed
         self.send_cpu: dict[str, list] = {}      # sender: "impl/size" -> [user s, system s, bytes] while timed
+        self.send_copies: dict[str, float] = {}  # sender: "impl/size" -> payload bytes its transport copied per byte sent
         self.thread_cpu: dict[str, dict] = {}    # "impl/size" -> wall s and CPU s by thread role while timed
         self.rail_stats: dict[str, Any] = {}
         self.notes: list[str] = []
@@ -134,7 +135,9 @@ class Runner:
     # receive, says "go" and waits for every byte.
 
     def run_impl(self, impl: str, send, recv, sender_sync, receiver_sync, rails_fn, arm_fault: bool,
-                 per_iter_rails=None) -> None:
+                 per_iter_rails=None, copied_fn=None) -> None:
+        """copied_fn (r2ccl only): () -> (tx, rx) payload bytes the transport copied on the CPU so far
+        (RailStats tx_copied_bytes / rx_copied_bytes), for each row's copies per byte."""
         a = self.args
         largest = max(a.sizes)
         for size in a.sizes:
@@ -148,6 +151,8 @@ class Runner:
             times, wrong, failed = [], 0, None
             cpu = [0.0, 0.0]    # this process's CPU (all threads) during the timed transfers
             rails_before = rails_fn() if (rails_fn and self.role == "recv") else None
+            copied_before = copied_fn() if copied_fn else None
+            moved = 0           # message bytes this size moved (warm-up included: it takes the same path)
             for it in range(a.warmup + a.iters):
                 timed = it >= a.warmup
                 msg = self.msg
@@ -162,6 +167,7 @@ class Runner:
                         c0 = cpu_seconds()
                         t0 = time.perf_counter()
                         send(data)
+                        moved += size
                         if timed:
                             self.send_times[f"{impl}/{size}/{it - a.warmup}"] = (time.perf_counter() - t0) * 1e6
                             c1 = cpu_seconds()
@@ -180,6 +186,7 @@ class Runner:
                         c0 = cpu_seconds()
                         t0 = time.perf_counter()
                         recv(data)
+                        moved += size
                         t1 = time.perf_counter()
                         c1 = cpu_seconds()
                         if timed:
@@ -213,6 +220,13 @@ class Runner:
                                                     "time_us": None, "wrong": 1, "pair": self.pair,
                                                     "error": failed})
                     break
+            copies = None
+            if copied_fn and moved:
+                after = copied_fn()
+                side = 0 if self.role == "send" else 1
+                copies = (after[side] - copied_before[side]) / moved
+                if self.role == "send":
+                    self.send_copies[f"{impl}/{size}"] = copies
             if self.role == "recv":
                 rails = None
                 if rails_fn:
@@ -221,7 +235,10 @@ class Runner:
                         rails = sum(1 for x, y in zip(after, rails_before) if x > y)
                     else:
                         rails = after
-                self.results.append(self._row(impl, size, rails, times, cpu, wrong, failed))
+                row = self._row(impl, size, rails, times, cpu, wrong, failed)
+                if copies is not None:
+                    row["copies_per_byte"] = {"send": None, "recv": copies}
+                self.results.append(row)
             if failed:
                 return
 
@@ -278,11 +295,15 @@ class Runner:
             def rail_rx():
                 return [s["rx_bytes"] for s in ep.rail_stats(peer)]
 
+            def copied():
+                st = ep.rail_stats(peer)
+                return sum(s["tx_copied_bytes"] for s in st), sum(s["rx_copied_bytes"] for s in st)
+
             if arm_fault and self.role == "send" and (a.fault_cmd or a.inject):
                 self.fault = self._make_fault(ep)
             if self.role != "idle":
                 self.run_impl(impl, send, recv, sender_sync, receiver_sync, rail_rx, arm_fault,
-                              per_iter_rails=rail_rx)
+                              per_iter_rails=rail_rx, copied_fn=copied)
             if self.fault and arm_fault:
                 self.fault.join(timeout=a.timeout)
             self.dist.barrier(f"{a.prefix}/{impl}/done")
@@ -720,6 +741,10 @@ COLUMNS = [
     Column("algbw(GB/s)", "algbw_GBps", ".4f"),
     Column("cpu/GB snd", "cpu_send_s_per_GB", ".3f"),
     Column("cpu/GB rcv", "cpu_recv_s_per_GB", ".3f"),
+    # payload bytes the transport copied on the CPU per byte moved, sender + receiver (verbs
+    # bounce buffers: 1 + 1; sockets: 0 + 0, the kernel's copies are not the transport's)
+    Column("copies/B", "copies_per_byte", lambda v: "-" if not v or v.get("send") is None or v.get("recv") is None
+           else f"{v['send']:.2f}+{v['recv']:.2f}"),
     Column("#wrong", "wrong", "d"),
 ]
 
@@ -791,7 +816,7 @@ def main(args: argparse.Namespace) -> int:
         aborted = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
         run.errors.append(f"aborted: {aborted}")
     mine = {"rank": dist.rank, "role": run.role, "results": run.results, "iterations": run.iterations,
-            "send_times": run.send_times, "send_cpu": run.send_cpu, "thread_cpu": run.thread_cpu,
+            "send_times": run.send_times, "send_cpu": run.send_cpu, "send_copies": run.send_copies, "thread_cpu": run.thread_cpu,
             "rail_stats": run.rail_stats, "notes": run.notes, "errors": run.errors,
             "fault": run.fault.summary() if run.fault else None}
     everyone = None
@@ -871,6 +896,10 @@ def report(args, cfg, nics, everyone: list[dict], t_begin: float, build: dict, w
         if acc:
             r["cpu_send"] = acc[:2]
             r["cpu_send_s_per_GB"] = per_gb(acc[:2], acc[2])
+        copies = sender.get("send_copies", {}).get(f"{r['impl']}/{r['size_bytes']}") if sender else None
+        if "copies_per_byte" in r:
+            r["copies_per_byte"]["send"] = copies
+
     notes = [n for rep in everyone for n in rep["notes"]]
     errors = [f"rank {rep['rank']}: {e}" for rep in everyone for e in rep["errors"]]
     fault = next((rep["fault"] for rep in everyone if rep["fault"]), None)
