@@ -1,7 +1,7 @@
 """Builds and runs the standalone C++ unit tests in tests/cpp (test_wire, test_digest, test_reduce,
 test_handshake, test_plan, test_rail_pace, test_channel_sim, test_verbs_host, test_socket_link,
 test_endpoint_poll), and the channel suite over two channels with a
-planted bug each (test_channel_sim_planted_dedup, _retransmit), which it must catch.
+planted bug each (test_channel_sim_planted_dedup, _retransmit, _late_write), which it must catch.
 
 test_channel_sim runs 10,000 seeded schedules in the quick tier (seeds 1..10,000) and the next
 90,000 in the proof tier (test_channel_sim_long_schedules), 100,000 in all; 10,000 under
@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 BUILD_ROOT = ROOT / "build" / "pytest-cpp"
 TARGETS = ("test_wire", "test_handshake", "test_digest", "test_reduce", "test_plan", "test_rail_pace", "test_channel_sim", "test_verbs_host", "test_socket_link",
            "test_endpoint_poll")
-PLANTED = ("test_channel_sim_planted_dedup", "test_channel_sim_planted_retransmit")
+PLANTED = ("test_channel_sim_planted_dedup", "test_channel_sim_planted_retransmit", "test_channel_sim_planted_late_write")
 QUICK_SCHEDULES, ALL_SCHEDULES = 10_000, 100_000
 ARGS = {("test_channel_sim", "plain"): ["--schedules", str(QUICK_SCHEDULES)],
         ("test_channel_sim", "sanitize"): ["--schedules", "10000"],
@@ -161,8 +161,9 @@ def test_cpp(cpp_build, name):
 @pytest.mark.parametrize("cpp_build", ["plain"], indirect=True)   # once, without the sanitizers
 @pytest.mark.parametrize("name", PLANTED)
 def test_channel_suite_catches_a_planted_fault(cpp_build, name):
-    """The same suite over channel.cc built with R2CCL_PLANT_FAULT (a dedup off-by-one, or a
-    failed rail's newest chunk not sent again) must fail."""
+    """The same suite over channel.cc built with R2CCL_PLANT_FAULT (a dedup off-by-one, a
+    failed rail's newest chunk not sent again, or a chunk written on a failed rail sent again
+    with no fence notice first: the late-write rule) must fail."""
     _variant, build_dir = cpp_build
     binary = build_dir / name
     assert binary.exists(), f"{binary} was not built"

@@ -38,6 +38,11 @@ struct TxFrame {
   size_t payload_len = 0;
   size_t done = 0;                 // bytes of header + payload written
   std::vector<uint8_t> owned;      // payload storage of control frames (and of cancelled data)
+  // A written chunk (kFlagWritten): the payload goes by one-sided write to the peer's memory
+  // at remote_addr through remote_key, the frame itself carries none.
+  bool written = false;
+  uint64_t remote_addr = 0;
+  uint32_t remote_key = 0;
   size_t total() const { return kHeaderBytes + payload_len; }
 };
 // Fills `f` with a control frame (its payload moves into f->owned).
@@ -106,6 +111,10 @@ struct Rail {
   // Data bytes dealt to this rail since a chunk last asked for its ack (kFlagAckAsk).
   uint64_t dealt_since_ask = 0;
   uint64_t cum_sent = 1;           // the cumulative ack point last sent on this rail
+  uint64_t downs = 0;              // times it went from up to down (any reason): a link's generation
+  // Fence notices this rail's link has carried: rail -> that rail's `downs` when it was told
+  // (cleared when this rail goes down: its queued notices are lost with its link).
+  std::map<int, uint64_t> fences_told;
 
   int64_t last_rx_ns = 0, last_tx_ns = 0, last_ack_ns = 0, progress_ns = 0, changed_ns = 0;
   int64_t failed_ns = 0;           // when it last failed (0: never)
@@ -130,6 +139,11 @@ struct Chunk {
   int64_t dealt_ns = 0;            // when it was last handed to a rail
   bool resend = false;
   bool void_ = false;              // the send was cancelled: tells the receiver to abandon it
+  bool written = false;            // dealt as a written chunk (one-sided write) to `rail`
+  // Rails (with their `downs` then) that wrote this chunk and failed before it was
+  // acknowledged: a write of it may still be on its way there. Before a rail carries the chunk
+  // again, the peer is told to fence each of them (the late-write rule, docs/design.md §10).
+  std::vector<std::pair<int, uint64_t>> fences;
 };
 
 // A message being received, keyed by the sender's msg_id.
@@ -173,6 +187,10 @@ struct Channel {
   uint64_t next_seq = 1, next_msg_id = 1;
   std::unordered_map<uint64_t, uint32_t> tx_tag_seq;
   double vclock = 0;
+  // The peer's adverts (kAdvert), by the message they are for, oldest first in advert_order;
+  // at most kMaxAdverts are kept (an advert dropped only costs its message the copy path).
+  std::map<std::pair<uint64_t, uint32_t>, AdvertBody> adverts;
+  std::deque<std::pair<uint64_t, uint32_t>> advert_order;
 
   // receive direction
   uint64_t rx_cum = 1;                             // every seq below has been applied
@@ -224,7 +242,30 @@ class RailIo {
   // on (rx.scratch: its receive was cancelled or failed, its buffer may go back to the
   // caller): land no more of it where it went.
   virtual void recv_dropped(int rail) = 0;
+
+  // One-sided writes, optional (a transport without them keeps these defaults: every chunk
+  // travels in its frame). advertise: `recv`'s memory can take the peer's writes; fill in
+  // where (addr, len) and one key per local NIC (0 where a NIC cannot), and return true.
+  virtual bool advertise(const Request& recv, AdvertBody* out) {
+    (void)recv;
+    (void)out;
+    return false;
+  }
+  // Rail `rail` can now write `send`'s payload straight into the peer's memory (its link
+  // writes, and the payload's memory is registered for it).
+  virtual bool writes(int rail, const Request& send) {
+    (void)rail;
+    (void)send;
+    return false;
+  }
+  // `recv` was advertised and is cancelled: its keys must stop working before this returns
+  // (its buffer goes back to the caller), so a write still on its way fails at the sender
+  // (FailReason::kAbandoned) instead of landing.
+  virtual void revoke(const Request& recv) { (void)recv; }
 };
+
+// The most adverts a channel keeps (an advert whose message went by copy is never used).
+inline constexpr size_t kMaxAdverts = 1024;
 
 // The most payload the engine reads from one rail before it turns to the others (the read
 // pass; engine_rail_io.cc), and the data a rail reads before its acks go out even though it
@@ -325,6 +366,13 @@ class ChannelCore {
   bool next_chunk(Chunk* c, uint64_t max_len);
   void on_ack(uint64_t first, uint64_t last, int64_t now);
   void post_recv(const std::shared_ptr<Request>& req);
+  void advertise(const std::shared_ptr<Request>& req);
+  // Fails a request; an advertised receive's keys are revoked first (RailIo::revoke).
+  void end_request(const std::shared_ptr<Request>& req, Cause cause, const std::string& why);
+  void forget_advert(const Request& send);
+  // Queues on `r` a fence notice for every rail `c` was written on that `r` has not told
+  // the peer of yet; true when it queued any (then `c` waits for the next turn).
+  bool tell_fences(Rail& r, const Chunk& c);
   bool applied(uint64_t seq) const;
   InMsg* open_inmsg(const FrameHeader& h);
   void data_frame(Rail& r);

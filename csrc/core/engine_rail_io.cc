@@ -158,13 +158,13 @@ void Engine::rail_readable(Peer& pr, Link& l) {
         rx.in_payload = true;
         rx.got = 0;
       }
-      l.link->accept_header(rx.h.payload_len);
+      l.link->accept_header(link_payload_len(rx.h));
       l.piece_posted = false;
     }
-    // payload
-    while (rx.got < rx.h.payload_len) {
+    // payload (a written chunk's is in place already: its frame carries none)
+    while (rx.got < link_payload_len(rx.h)) {
       if (!l.piece_posted) {
-        size_t want = rx.h.payload_len - rx.got;
+        size_t want = link_payload_len(rx.h) - rx.got;
         uint8_t* dst;
         if (rx.scratch) {
           dst = nullptr;

@@ -28,17 +28,20 @@ enum class FailReason {
   kLinkDown,      // this side's NIC is down (health monitor or set_nic_state)
   kPeerLinkDown,  // the peer reports its end's link down
   kReplaced,      // the peer dialled a new connection for this rail
+  // A one-sided write met memory its receiver had taken back (the receive was cancelled and
+  // its advertised keys revoked): the message is abandoned, the rail is not at fault.
+  kAbandoned,
 };
 inline constexpr const char* kFailReasonNames[] = {"",         "io",        "closed_by_peer", "protocol",
                                                    "checksum", "stalled",   "silent",         "injected",
-                                                   "link_down", "peer_link_down", "replaced"};
+                                                   "link_down", "peer_link_down", "replaced", "abandoned"};
 
 // Software fault injection on one side of a rail (Endpoint::inject); sticky until kNone.
 enum class Fault { kNone, kClose, kStall, kRate };
 inline constexpr const char* kFaultNames[] = {"", "close", "stall", "rate"};
 
 static_assert(std::size(kRailStateNames) == static_cast<size_t>(RailState::kDown) + 1, "a RailState without a name");
-static_assert(std::size(kFailReasonNames) == static_cast<size_t>(FailReason::kReplaced) + 1,
+static_assert(std::size(kFailReasonNames) == static_cast<size_t>(FailReason::kAbandoned) + 1,
               "a FailReason without a name");
 static_assert(std::size(kFaultNames) == static_cast<size_t>(Fault::kRate) + 1, "a Fault without a name");
 

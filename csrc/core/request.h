@@ -66,6 +66,7 @@ struct Request {
   uint64_t chunks_acked = 0;
   int64_t posted_ns = 0;
   bool cancelled = false;
+  bool advertised = false;      // receive: its memory was offered to the peer's one-sided writes (kAdvert)
   // send, eager (R2CCL_EAGER_BYTES): finished when copied; its chunks are read from `copy`,
   // which lives until every chunk is acknowledged. `undeliverable`: every rail stayed down
   // past R2CCL_TIMEOUT, so the message is abandoned (its chunks go as abort marks).

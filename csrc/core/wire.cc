@@ -38,13 +38,15 @@ std::string decode_header(const uint8_t in[kHeaderBytes], const WireLimits& lim,
   store_le32(copy + 12, 0);
   if (crc32c(copy, kHeaderBytes) != load_le32(in + 12)) return "header checksum mismatch";
   uint8_t type = in[6];
-  if (type < 1 || type > 10) return "unknown frame type " + std::to_string(type);
+  if (type < 1 || type > kMaxFrameType) return "unknown frame type " + std::to_string(type);
   h->type = static_cast<FrameType>(type);
   h->flags = in[7];
   if (h->flags & ~kKnownFlags) return "unknown flags " + std::to_string(h->flags);
   if ((h->flags & kFlagAbort) && h->type != FrameType::kData) return "abort flag on a non-data frame";
   if ((h->flags & kFlagAbortMismatch) && !(h->flags & kFlagAbort)) return "abort-mismatch flag without the abort flag";
   if ((h->flags & kFlagAckAsk) && h->type != FrameType::kData) return "ack-ask flag on a non-data frame";
+  if ((h->flags & kFlagWritten) && (h->type != FrameType::kData || (h->flags & kFlagAbort)))
+    return "written flag on a frame other than a data chunk";
   if ((h->flags & kFlagResting) && h->type != FrameType::kHeartbeat && h->type != FrameType::kHeartbeatAck)
     return "resting flag on a frame other than a heartbeat";
   h->payload_len = load_le32(in + 8);
@@ -76,6 +78,10 @@ std::string decode_header(const uint8_t in[kHeaderBytes], const WireLimits& lim,
       break;
     case FrameType::kRailState:
       if (n != kRailStateBytes) return "rail state of wrong length";
+      break;
+    case FrameType::kAdvert:
+      if (n < kAdvertFixedBytes + 4 || n > kAdvertFixedBytes + 4 * kMaxAdvertKeys || (n - kAdvertFixedBytes) % 4 != 0)
+        return "advert of wrong length";
       break;
     case FrameType::kAck:
       if (h->seq == 0 || h->seq > kMaxAckRanges || n != h->seq * kAckRangeBytes) return "ack of wrong length";
@@ -111,6 +117,32 @@ HelloBody decode_hello(const uint8_t in[kHelloBytes]) {
   b.epoch = load_le32(in + 20);
   std::memcpy(b.nonce.data(), in + 24, kNonceBytes);
   return b;
+}
+
+std::vector<uint8_t> encode_advert(const AdvertBody& a) {
+  std::vector<uint8_t> out(kAdvertFixedBytes + 4 * a.keys.size());
+  store_le64(out.data(), a.tag);
+  store_le32(out.data() + 8, a.tag_seq);
+  store_le32(out.data() + 12, static_cast<uint32_t>(a.keys.size()));
+  store_le64(out.data() + 16, a.addr);
+  store_le64(out.data() + 24, a.len);
+  for (size_t i = 0; i < a.keys.size(); i++) store_le32(out.data() + kAdvertFixedBytes + 4 * i, a.keys[i]);
+  return out;
+}
+
+std::string decode_advert(const std::vector<uint8_t>& body, AdvertBody* a) {
+  if (body.size() < kAdvertFixedBytes) return "advert of wrong length";
+  const uint32_t n = load_le32(body.data() + 12);
+  if (n < 1 || n > kMaxAdvertKeys || body.size() != kAdvertFixedBytes + 4 * size_t{n})
+    return "advert naming " + std::to_string(n) + " keys in " + std::to_string(body.size()) + " bytes";
+  a->tag = load_le64(body.data());
+  a->tag_seq = load_le32(body.data() + 8);
+  a->addr = load_le64(body.data() + 16);
+  a->len = load_le64(body.data() + 24);
+  if (a->addr + a->len < a->addr) return "advert whose memory wraps around";
+  a->keys.resize(n);
+  for (uint32_t i = 0; i < n; i++) a->keys[i] = load_le32(body.data() + kAdvertFixedBytes + 4 * i);
+  return {};
 }
 
 }  // namespace r2ccl

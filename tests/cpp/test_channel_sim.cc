@@ -15,7 +15,14 @@
 //   - rails revived by a new connection (the dialling side) that replaces a half-open one;
 //   - duplicated data frames on another rail, corrupted payloads under R2CCL_CRC;
 //   - weights changed, rails made backups (standby) and primaries again, sends and receives cancelled, receive sizes that do not match,
-//     and receives larger than their message that take it (Request::up_to_len).
+//     and receives larger than their message that take it (Request::up_to_len);
+//   - one-sided writes, in half the schedules (RailIo::advertise / writes / revoke): receives
+//     advertise their memory, chunks on write-capable rails are written straight into it
+//     ahead of their header (in order on the rail, as RDMA RC keeps a WRITE before the SEND
+//     after it), and a write the connection lost on its way may arrive late, at any later time,
+//     wherever the receiver's end of that connection is still open: the network's worst case.
+//     A write into revoked memory is a remote-access error (the sender's rail fails as
+//     kAbandoned).
 // Then every fault heals and the schedule runs until every request has finished, within a
 // bound in simulated time. One schedule in ten instead loses every rail for good, and then
 // every unfinished request must fail with kAllRailsDown within R2CCL_TIMEOUT plus a bound.
@@ -26,7 +33,10 @@
 // was cancelled (kMismatch "abandoned" when it was cancelled for a collective's mismatch),
 // kAllRailsDown when every rail died); the receiver applied each byte
 // exactly once (its rx_bytes equal what was sent); nothing is left in flight at the end; a
-// rail whose heartbeat came back counts that round trip as its smallest or larger.
+// rail whose heartbeat came back counts that round trip as its smallest or larger; and no
+// write, in order or late, lands in a receive's memory once that receive has finished and its
+// keys were not revoked (the late-write rule: docs/design.md §10; planted fault 3 drops the
+// fence notices it rests on, and this check must catch it).
 //
 // Usage: test_channel_sim [--schedules N] [--seed S] [--expect-failure] [--verbose]
 //   A failure prints its seed; `--seed S --schedules 1 --verbose` replays it alone.
@@ -91,6 +101,9 @@ class Sim;
 struct SimIo final : RailIo {
   Sim* sim = nullptr;
   int side = 0;
+  bool advertise(const Request& recv, AdvertBody* out) override;
+  bool writes(int rail, const Request& send) override;
+  void revoke(const Request& recv) override;
   void kick(int rail) override;
   void drop(int rail, bool was_up) override;
   void redial(int rail) override;
@@ -128,7 +141,12 @@ class Sim {
     // Connections at rest (slow heartbeats, kFlagResting) in half the schedules, entered
     // whenever the schedule leaves the channel idle that long.
     set_.rest_heartbeat_ns = rng_.chance(0.5) ? static_cast<int64_t>(150 + rng_.below(400)) * kMs : 0;
+    // One-sided writes in half the schedules, on some rails (the others carry frames only, as
+    // a socket rail beside verbs ones).
+    writes_ = rng_.chance(0.5);
+    for (int r = 0; r < kRailsMax; r++) rail_writes_[r] = writes_ && rng_.chance(0.75);
     if (rest_ns >= 0) {
+      writes_ = false;
       rails_ = 2;
       doom_ = false;
       set_.eager_bytes = 0;
@@ -162,8 +180,8 @@ class Sim {
     if (doom_) {
       for (int r = 0; r < rails_; r++) {
         conns_[r].broken = true;
-        conns_[r].pipe[0].clear();
-        conns_[r].pipe[1].clear();
+        lose(r, 0);
+        lose(r, 1);
       }
       dead_for_good_ = true;
     }
@@ -259,6 +277,66 @@ class Sim {
     return "";
   }
 
+  // The late-write scenario, deterministic (no random events; seed 1's channel with 2 rails,
+  // both writing): a receive is advertised; rail 0 turns into a black hole and the message is
+  // sent, so rail 0's written chunk loses its header while its write is held in the network.
+  // The sender finds rail 0 stalled and sends the chunk again on rail 1; the receiver's timers
+  // are held (it has not noticed rail 0's silence yet). Once the receive completes, the held
+  // write arrives at rail 0's far end. Returns "" or what went wrong; `outcome` says what
+  // became of the held write ("fenced": rail 0's far end was closed before the receive
+  // completed, as the late-write rule makes it).
+  std::string late_write_scenario(std::string* outcome) {
+    writes_ = rail_writes_[0] = rail_writes_[1] = true;
+    always_advertise_ = true;
+    hold_late_ = true;
+    auto settle = [&] {
+      for (int i = 0; i < 1000 && err_.empty(); i++) {
+        bool moved = false;
+        for (int s = 0; s < 2; s++)
+          for (int r = 0; r < rails_; r++) {
+            if (rail(s, r).state == RailState::kUp && rail(s, r).cur.active && !conns_[r].broken) {
+              write(s, r);
+              moved = true;
+            }
+            if (!conns_[r].pipe[1 - s].empty() && up(s, r)) {
+              deliver(s, r);
+              moved = true;
+            }
+          }
+        if (!moved) return;
+      }
+    };
+    Msg& m = msg(0, 7, 0);
+    m.len = m.recv_len = 4 * set_.pace.max_chunk + 100;
+    m.up_to = false;
+    m.src.resize(m.len);
+    for (auto& b : m.src) b = static_cast<uint8_t>(rng_.next());
+    m.want = m.src;
+    post_recv(m);
+    settle();
+    if (!m.recv->advertised || core_[0]->ch.adverts.empty()) return "the receive was not advertised to the sender";
+    conns_[0].broken = true;   // rail 0: a black hole from now on, on both ends
+    post_send(m);
+    for (int i = 0; i < 2000 && !m.recv->finished() && err_.empty(); i++) {
+      settle();
+      if (rail(0, 0).cur.active) write(0, 0);   // into the hole: its write is held
+      now_ += 5 * kMs;
+      core_[0]->tick(now_, std::vector<int64_t>(static_cast<size_t>(rails_), 0));   // the sender's timers only
+      core_[0]->pump(now_);
+      core_[1]->pump(now_);
+    }
+    if (!err_.empty()) return err_;
+    if (!m.recv->finished() || m.recv->failed() || m.dst != m.want) return "the message did not arrive intact";
+    if (late_.empty()) return "no write was held in the network (the scenario planted nothing)";
+    hold_late_ = false;
+    for (auto& l : late_) l.at = now_;
+    const uint64_t fenced0 = late_fenced_;
+    land_late();
+    if (!err_.empty()) return err_;
+    *outcome = late_fenced_ > fenced0 ? "fenced" : "landed";
+    return "";
+  }
+
   // ------------------------------------------------------------- the RailIo side
   void kick(int side, int rail) {
     if (in_kick_[side][rail] || !rng_.chance(0.4)) return;   // written later by a write event
@@ -273,10 +351,30 @@ class Sim {
     holding_[side][rail] = false;
     if (!c.open[side]) return;
     c.open[side] = false;
-    c.pipe[1 - side].clear();               // what was on its way to this end is gone
-    if (rng_.chance(0.5)) c.pipe[side].clear();   // a reset loses what this end sent; a close delivers it
+    c.pipe[1 - side].clear();               // what was on its way to this end is gone (this end is fenced)
+    if (rng_.chance(0.5)) lose(rail, side);   // a reset loses what this end sent; a close delivers it
   }
   void redial(int side, int rail) { (void)rail; redials_[side]++; }
+
+  // One-sided writes (RailIo): most receives are advertised where the schedule has writes;
+  // the key of the receiver's NIC r (rail r) is 1000 + r where that rail writes, else 0.
+  bool advertise(int side, const Request& recv, AdvertBody* out) {
+    if (!writes_ || !(always_advertise_ || rng_.chance(0.8))) return false;
+    out->addr = reinterpret_cast<uint64_t>(recv.buf);
+    out->len = recv.len;
+    out->keys.assign(static_cast<size_t>(rails_), 0);
+    for (int r = 0; r < rails_; r++)
+      if (rail_writes_[r]) out->keys[static_cast<size_t>(r)] = 1000 + static_cast<uint32_t>(r);
+    targets_[side][out->addr] = Target{const_cast<Request*>(&recv), recv.len, false};
+    adverts_++;
+    return true;
+  }
+  bool writes(int rail, const Request& send) { return writes_ && rail_writes_[rail] && !send.eager; }
+  void revoke(int side, const Request& recv) {
+    auto it = targets_[side].find(reinterpret_cast<uint64_t>(recv.buf));
+    if (it == targets_[side].end() || it->second.recv != &recv) fail("revoke of a receive that was never advertised");
+    else it->second.revoked = true;
+  }
 
  private:
   Rail& rail(int side, int r) { return *core_[side]->ch.rails[static_cast<size_t>(r)]; }
@@ -291,6 +389,7 @@ class Sim {
     if (up(0, r)) core_[0]->fail_rail(r, FailReason::kReplaced, "replaced by a new connection from the peer", now_);
     if (up(1, r)) core_[1]->fail_rail(r, FailReason::kReplaced, "replaced", now_);
     conns_[r] = Conn();
+    conn_gen_[r]++;
     unacked_[0][r] = unacked_[1][r] = 0;
     asked_[0][r] = asked_[1][r] = false;
     log("rail " + std::to_string(r) + " connects");
@@ -312,13 +411,28 @@ class Sim {
     Conn& c = conns_[r];
     if (rl.state != RailState::kUp || rl.paused || !rl.cur.active || !c.open[side]) return;
     std::vector<uint8_t> f(rl.cur.hdr, rl.cur.hdr + kHeaderBytes);
-    if (rl.cur.payload_len) f.insert(f.end(), rl.cur.payload, rl.cur.payload + rl.cur.payload_len);
+    // A written chunk: the write goes first on the connection, then the header alone.
+    std::vector<uint8_t> w;
+    if (rl.cur.written) {
+      w.assign(kWriteHead, 0);
+      w[0] = kWriteMark;
+      store_le64(w.data() + 1, rl.cur.remote_addr);
+      store_le32(w.data() + 9, rl.cur.remote_key);
+      w.insert(w.end(), rl.cur.payload, rl.cur.payload + rl.cur.payload_len);
+    } else if (rl.cur.payload_len) {
+      f.insert(f.end(), rl.cur.payload, rl.cur.payload + rl.cur.payload_len);
+    }
     const uint8_t type = f[6];
     if (type == static_cast<uint8_t>(FrameType::kHeartbeat) || type == static_cast<uint8_t>(FrameType::kHeartbeatAck))
       hb_frames_++;
-    const bool data = rl.cur.is_data && rl.cur.payload_len > 0;
+    const bool data = rl.cur.is_data && rl.cur.payload_len > 0 && !rl.cur.written;
     core_[side]->frame_written(r, now_);
-    if (c.broken) return;
+    if (c.broken) {   // a black hole: the frame vanishes, its write may still come out, late
+      if (!w.empty())
+        late_.push_back(Late{r, 1 - side, conn_gen_[r],
+                             hold_late_ ? INT64_MAX : now_ + static_cast<int64_t>(rng_.below(800)) * kMs, std::move(w)});
+      return;
+    }
     if (!c.open[1 - side]) {
       if (rng_.chance(0.5)) core_[side]->fail_rail(r, FailReason::kClosedByPeer, "send failed: broken pipe", now_);
       return;
@@ -335,7 +449,63 @@ class Sim {
         dups_++;
       }
     }
+    if (!w.empty()) c.pipe[side].push_back(std::move(w));
     c.pipe[side].push_back(std::move(f));
+  }
+
+  // What side `from` sent on rail r and the connection lost: its writes may still arrive, late.
+  void lose(int r, int from) {
+    for (auto& e : conns_[r].pipe[from])
+      if (!e.empty() && e[0] == kWriteMark)
+        late_.push_back(Late{r, 1 - from, conn_gen_[r], now_ + static_cast<int64_t>(rng_.below(800)) * kMs, e});
+    conns_[r].pipe[from].clear();
+  }
+
+  // A write reaches side `to` of rail r (in order on its connection, or late): it lands in the
+  // advertised receive it names, unless that memory was revoked (a remote-access error).
+  void land(int to, int r, const std::vector<uint8_t>& w, bool late) {
+    const uint64_t addr = load_le64(w.data() + 1);
+    const uint32_t key = load_le32(w.data() + 9);
+    const size_t n = w.size() - kWriteHead;
+    auto it = targets_[to].upper_bound(addr);
+    if (it == targets_[to].begin()) return fail("a write to memory never advertised");
+    --it;
+    const Target& t = it->second;
+    if (addr + n > it->first + t.len || key != 1000 + static_cast<uint32_t>(r))
+      return fail("a write outside its advert or through another rail's key");
+    if (t.revoked) {
+      if (late) return;   // the error goes to a sender whose end is long gone
+      log("rail " + std::to_string(r) + ": a write into revoked memory (remote access error)");
+      conns_[r].pipe[0].clear();
+      conns_[r].pipe[1].clear();
+      if (up(1 - to, r)) core_[1 - to]->fail_rail(r, FailReason::kAbandoned, "remote access error: message abandoned", now_);
+      if (up(to, r)) core_[to]->fail_rail(r, FailReason::kIo, "the QP went to error on a remote access", now_);
+      abandoned_++;
+      return;
+    }
+    if (t.recv->finished())
+      return fail(std::string(late ? "a late write" : "a write") + " on rail " + std::to_string(r) +
+                  " landed in a receive's memory after the receive finished (" +
+                  (t.recv->failed() ? "failed: " + t.recv->error_message() : std::string("completed")) +
+                  ") with its keys still good: the late-write rule was broken");
+    std::memcpy(reinterpret_cast<uint8_t*>(addr), w.data() + kWriteHead, n);
+    (late ? late_landed_ : writes_landed_)++;
+  }
+
+  // Late writes whose time came: they land where the receiver's end of their connection is
+  // still the one they were sent on, and still open (not fenced).
+  void land_late() {
+    for (size_t i = 0; i < late_.size();) {
+      Late& l = late_[i];
+      if (l.at > now_) {
+        i++;
+        continue;
+      }
+      if (l.gen == conn_gen_[l.rail] && conns_[l.rail].open[l.to] && err_.empty()) land(l.to, l.rail, l.w, true);
+      else late_fenced_++;
+      late_[i] = std::move(late_.back());
+      late_.pop_back();
+    }
   }
 
   // Side `side` reads the next frame (or the held payload) on rail r.
@@ -352,6 +522,7 @@ class Sim {
     if (in.empty()) return;
     std::vector<uint8_t> f = std::move(in.front());
     in.pop_front();
+    if (f[0] == kWriteMark) return land(side, r, f, false);
     std::memcpy(rl.rx.hdr, f.data(), kHeaderBytes);
     rl.rx.hdr_got = kHeaderBytes;
     std::string bad = decode_header(rl.rx.hdr, limits_, &rl.rx.h);
@@ -360,7 +531,7 @@ class Sim {
       return;
     }
     if (!core_[side]->on_header(r, now_)) return;
-    if (rl.rx.h.payload_len > 0 && rng_.chance(0.25)) {   // half-read: other rails go first
+    if (link_payload_len(rl.rx.h) > 0 && rng_.chance(0.25)) {   // half-read: other rails go first
       held_[side][r] = std::move(f);
       holding_[side][r] = true;
       return;
@@ -372,7 +543,7 @@ class Sim {
     Rail& rl = rail(side, r);
     RxFrame& rx = rl.rx;
     if (!rx.in_payload) return;
-    const size_t n = rx.h.payload_len;
+    const size_t n = link_payload_len(rx.h);
     if (f.size() != kHeaderBytes + n) {
       err_ = "held frame does not match the header being read";
       return;
@@ -408,12 +579,14 @@ class Sim {
 
   void eof(int side, int r) {
     Conn& c = conns_[r];
-    if (!up(side, r) || c.open[1 - side] || !c.pipe[1 - side].empty() || holding_[side][r]) return;
+    // (a black hole swallows the close too: that end finds out by silence)
+    if (!up(side, r) || c.open[1 - side] || c.broken || !c.pipe[1 - side].empty() || holding_[side][r]) return;
     core_[side]->fail_rail(r, FailReason::kClosedByPeer, "connection closed by the peer", now_);
   }
 
   void advance(int64_t dt) {
     now_ += dt;
+    land_late();
     for (int s = 0; s < 2; s++) {
       for (auto& rl : core_[s]->ch.rails)
         if (rl->state == RailState::kUp && rl->pace.busy_since(now_ - 50 * kMs))
@@ -520,8 +693,8 @@ class Sim {
       if (!conns_[r].broken && up(0, r) && up(1, r)) {
         log("rail " + std::to_string(r) + " becomes a black hole");
         conns_[r].broken = true;
-        conns_[r].pipe[0].clear();
-        conns_[r].pipe[1].clear();
+        lose(r, 0);
+        lose(r, 1);
         holding_[0][r] = holding_[1][r] = false;
       }
     } else if (kind < 72) {
@@ -728,6 +901,33 @@ class Sim {
   int redials_[2] = {0, 0};
   int corruptions_ = 0, dups_ = 0;
   uint64_t hb_frames_ = 0;                 // heartbeats and echoes written (rest_scenario)
+  // One-sided writes: a write travels as a pseudo-frame (kWriteMark, addr u64, key u32, bytes)
+  // ahead of its header. Advertised receives by address, per receiving side; writes a lost
+  // connection may still deliver (Late), by the connection's generation (conn_gen_).
+  static constexpr uint8_t kWriteMark = 0xFF;   // never a frame's first byte ('R')
+  static constexpr size_t kWriteHead = 13;
+  struct Target {
+    Request* recv;   // (the channel's; only read here)
+    uint64_t len;
+    bool revoked;
+  };
+  struct Late {
+    int rail, to;
+    uint64_t gen;
+    int64_t at;
+    std::vector<uint8_t> w;
+  };
+  bool writes_ = false;
+  bool rail_writes_[kRailsMax] = {};
+  bool always_advertise_ = false, hold_late_ = false;   // (late_write_scenario)
+  std::map<uint64_t, Target> targets_[2];
+  std::vector<Late> late_;
+  uint64_t conn_gen_[kRailsMax] = {};
+
+ public:
+  uint64_t adverts_ = 0, writes_landed_ = 0, late_landed_ = 0, late_fenced_ = 0, abandoned_ = 0;
+
+ private:
 
  public:
   uint64_t eager_sends_ = 0;
@@ -747,6 +947,9 @@ class Sim {
 };
 
 void SimIo::kick(int rail) { sim->kick(side, rail); }
+bool SimIo::advertise(const Request& recv, AdvertBody* out) { return sim->advertise(side, recv, out); }
+bool SimIo::writes(int rail, const Request& send) { return sim->writes(rail, send); }
+void SimIo::revoke(const Request& recv) { sim->revoke(side, recv); }
 void SimIo::drop(int rail, bool was_up) { sim->drop(side, rail, was_up); }
 void SimIo::redial(int rail) { sim->redial(side, rail); }
 
@@ -788,15 +991,38 @@ int main(int argc, char** argv) {
       return 1;
     }
   }
+  {
+    // The late-write rule, deterministic: with it the held write is fenced off; without it (the
+    // planted build) it lands in the finished receive, which this scenario must report.
+    std::string outcome;
+    Sim late(1, verbose, 0);
+    const std::string e = late.late_write_scenario(&outcome);
+    if (expect_failure && !e.empty()) {
+      std::printf("the planted fault was caught by the late-write scenario: %s\n", e.c_str());
+      return 0;
+    }
+    if (!e.empty() || outcome != "fenced") {
+      std::printf("FAIL late-write scenario: %s\n", e.empty() ? ("the held write " + outcome).c_str() : e.c_str());
+      return 1;
+    }
+    if (!expect_failure)
+      std::printf("late write: a write held in the network past its receive's completion was fenced off\n");
+  }
   uint64_t total_heal = 0, max_heal = 0;
   int64_t max_heal_ns = 0;
   uint64_t caught = 0, first = 0, eager = 0;
+  uint64_t adverts = 0, written = 0, late = 0, fenced = 0, abandoned = 0;
   for (uint64_t i = 0; i < schedules; i++) {
     const uint64_t seed = seed0 + i;
     Sim sim(seed, verbose);
     std::string err = sim.run();
     total_heal += sim.heal_steps_;
     eager += sim.eager_sends_;
+    adverts += sim.adverts_;
+    written += sim.writes_landed_;
+    late += sim.late_landed_;
+    fenced += sim.late_fenced_;
+    abandoned += sim.abandoned_;
     max_heal = std::max<uint64_t>(max_heal, sim.heal_steps_);
     max_heal_ns = std::max<int64_t>(max_heal_ns, sim.heal_ns());
     if (err.empty()) continue;
@@ -822,10 +1048,14 @@ int main(int argc, char** argv) {
                 static_cast<unsigned long long>(first));
     return 0;
   }
-  std::printf("%llu schedules from seed %llu: all checks passed (%llu eager sends; after the faults healed: %.0f "
+  std::printf("%llu schedules from seed %llu: all checks passed (%llu eager sends; one-sided writes: %llu receives "
+              "advertised, %llu writes landed in order, %llu late writes landed before their receive finished, %llu "
+              "fenced off, %llu met revoked memory; after the faults healed: %.0f "
               "events on average, at most %llu events and %lld ms simulated)\n",
               static_cast<unsigned long long>(schedules), static_cast<unsigned long long>(seed0),
-              static_cast<unsigned long long>(eager),
+              static_cast<unsigned long long>(eager), static_cast<unsigned long long>(adverts),
+              static_cast<unsigned long long>(written), static_cast<unsigned long long>(late),
+              static_cast<unsigned long long>(fenced), static_cast<unsigned long long>(abandoned),
               static_cast<double>(total_heal) / static_cast<double>(std::max<uint64_t>(1, schedules)),
               static_cast<unsigned long long>(max_heal), static_cast<long long>(max_heal_ns / kMs));
   return 0;

@@ -57,6 +57,7 @@ std::string type_name(FrameType t) {
     case FrameType::kHeartbeatAck: return "heartbeat_ack";
     case FrameType::kBye: return "bye";
     case FrameType::kRailState: return "rail state";
+    case FrameType::kAdvert: return "advert";
   }
   return "type" + std::to_string(static_cast<int>(t));
 }
@@ -82,6 +83,7 @@ uint32_t fixed_len(FrameType t) {
     case FrameType::kHeartbeat:
     case FrameType::kHeartbeatAck: return kHeartbeatBytes;
     case FrameType::kRailState: return kRailStateBytes;
+    case FrameType::kAdvert: return kAdvertFixedBytes + 4;   // one key (any count up to kMaxAdvertKeys is valid)
     default: return 0;
   }
 }
@@ -89,7 +91,7 @@ uint32_t fixed_len(FrameType t) {
 const FrameType kAllTypes[] = {FrameType::kHello,     FrameType::kChallenge,    FrameType::kAuth,
                                FrameType::kWelcome,   FrameType::kData,         FrameType::kAck,
                                FrameType::kHeartbeat, FrameType::kHeartbeatAck, FrameType::kBye,
-                               FrameType::kRailState};
+                               FrameType::kRailState, FrameType::kAdvert};
 
 // A valid header of type t with representative (or, with random=true, random) fields.
 FrameHeader valid_header(FrameType t, bool random) {
@@ -127,7 +129,7 @@ void test_layout() {
   FrameHeader h = valid_header(FrameType::kData, false);
   const Bytes b = encode(h);
   Bytes want(kHeaderBytes, 0);
-  const uint8_t prefix[] = {'R', '2', 'C', 'C', 3, 0, 5, kFlagPayloadCrc};
+  const uint8_t prefix[] = {'R', '2', 'C', 'C', 4, 0, 5, kFlagPayloadCrc};
   std::memcpy(want.data(), prefix, sizeof prefix);
   store_le32(want.data() + 8, h.payload_len);
   store_le64(want.data() + 16, h.seq);
@@ -235,9 +237,9 @@ void test_corrupt_fields() {
     expect_reject(b, kLim, "magic", "byte-swapped magic");
   }
 
-  // Version: anything but this build's (3), including the ones before it (1: no ack-ask flag;
-  // 2: no abort-mismatch or resting flag).
-  for (uint16_t v : {uint16_t(0), uint16_t(1), uint16_t(2), uint16_t(4), uint16_t(0x0300), uint16_t(0x0101), uint16_t(0xFFFF)}) {
+  // Version: anything but this build's (4), including the ones before it (1: no ack-ask flag;
+  // 2: no abort-mismatch or resting flag; 3: no adverts or written chunks).
+  for (uint16_t v : {uint16_t(0), uint16_t(1), uint16_t(2), uint16_t(3), uint16_t(5), uint16_t(0x0400), uint16_t(0x0101), uint16_t(0xFFFF)}) {
     Bytes b = encode(base);
     b[4] = uint8_t(v & 0xff);
     b[5] = uint8_t(v >> 8);
@@ -264,7 +266,7 @@ void test_corrupt_fields() {
   }
 
   // Unknown frame types.
-  for (int t : {0, 11, 12, 0x7F, 0x80, 0xFF}) {
+  for (int t : {0, 12, 13, 0x7F, 0x80, 0xFF}) {
     FrameHeader h = base;
     h.type = static_cast<FrameType>(t);
     expect_reject(h, kLim, "frame type", "unknown type " + std::to_string(t));
@@ -288,6 +290,54 @@ void test_corrupt_fields() {
     expect_reject(h, kLim, "abort", "abort flag on type " + std::to_string(static_cast<int>(t)));
     h.flags = kFlagAckAsk;
     expect_reject(h, kLim, "ack-ask", "ack-ask flag on type " + std::to_string(static_cast<int>(t)));
+    h.flags = kFlagWritten;
+    expect_reject(h, kLim, "written", "written flag on type " + std::to_string(static_cast<int>(t)));
+  }
+  {
+    // A written chunk: valid on data, its payload_len the chunk's while its frame carries none.
+    FrameHeader h = valid_header(FrameType::kData, false), got;
+    h.flags = kFlagWritten | kFlagPayloadCrc;
+    check(decode_header(encode(h).data(), kLim, &got).empty() && got.flags == h.flags &&
+              got.payload_len == h.payload_len && link_payload_len(got) == 0,
+          "a written data chunk is valid, keeps its length and carries no payload on its link");
+    const FrameHeader framed = valid_header(FrameType::kData, false);
+    check(link_payload_len(framed) == framed.payload_len, "a data chunk in its frame carries its payload");
+    h.flags = kFlagWritten | kFlagAbort;
+    h.payload_len = 0;
+    h.offset = 0;
+    expect_reject(h, kLim, "written", "the written flag on an abort mark");
+  }
+  {
+    // Advert bodies: round trip; key counts and lengths out of range; memory that wraps.
+    AdvertBody a, got;
+    a.tag = 0x0102030405060708ull;
+    a.tag_seq = 9;
+    a.addr = 0x7f0000001000ull;
+    a.len = 1 << 20;
+    a.keys = {0x11, 0, 0x33};
+    std::vector<uint8_t> b = encode_advert(a);
+    check(b.size() == kAdvertFixedBytes + 12 && decode_advert(b, &got).empty() && got.tag == a.tag &&
+              got.tag_seq == a.tag_seq && got.addr == a.addr && got.len == a.len && got.keys == a.keys,
+          "advert round trip");
+    check(!decode_advert(std::vector<uint8_t>(b.begin(), b.end() - 1), &got).empty(), "advert one byte short");
+    std::vector<uint8_t> c = b;
+    store_le32(c.data() + 12, 4);
+    check(!decode_advert(c, &got).empty(), "advert naming more keys than it holds");
+    store_le32(c.data() + 12, 0);
+    check(!decode_advert(std::vector<uint8_t>(c.begin(), c.begin() + kAdvertFixedBytes), &got).empty(),
+          "advert with no key");
+    a.keys.assign(kMaxAdvertKeys + 1, 1);
+    check(!decode_advert(encode_advert(a), &got).empty(), "advert with more than kMaxAdvertKeys keys");
+    a.keys = {1};
+    a.addr = ~0ull - 10;
+    a.len = 100;
+    check(!decode_advert(encode_advert(a), &got).empty(), "advert whose memory wraps around");
+    FrameHeader h = valid_header(FrameType::kAdvert, false);
+    for (uint32_t n : {uint32_t(0), uint32_t(kAdvertFixedBytes), uint32_t(kAdvertFixedBytes + 6),
+                       uint32_t(kAdvertFixedBytes + 4 * kMaxAdvertKeys + 4)}) {
+      h.payload_len = n;
+      expect_reject(h, kLim, "advert", "advert frame of " + std::to_string(n) + " bytes");
+    }
   }
   {
     FrameHeader h = valid_header(FrameType::kData, false), got;
@@ -326,7 +376,7 @@ void test_corrupt_fields() {
 
   // Fixed-length types with the wrong payload length.
   for (FrameType t : kAllTypes) {
-    if (t == FrameType::kData || t == FrameType::kAck) continue;
+    if (t == FrameType::kData || t == FrameType::kAck || t == FrameType::kAdvert) continue;   // (advert: above)
     const uint32_t good = fixed_len(t);
     const std::string reason = (t == FrameType::kWelcome || t == FrameType::kBye)        ? "control"
                                : (t == FrameType::kHeartbeatAck)                       ? "heartbeat"
