@@ -28,20 +28,34 @@ def _stats_summary(ep, peer):
             for s in ep.rail_stats(peer)]
 
 
-def exchange(ep, rank, world, sizes, rounds=1):
-    """Every rank sends to every other rank at once, sizes in turn; checks every byte."""
+def exchange(ep, rank, world, sizes, rounds=1, register=False):
+    """Every rank sends to every other rank at once, sizes in turn; checks every byte.
+    register: every buffer is registered (Endpoint.register_memory) and every receive is posted
+    (and so advertised) before a barrier that the sends wait for: one-sided writes, no copies."""
     wrong, details = 0, []
+    if register:
+        peers = [p for p in range(world) if p != rank]
+        ep.open(peers)
+        ep.wait_ready(peers)
     for rnd in range(rounds):
         for si, n in enumerate(sizes):
-            reqs, outs = [], {}
+            reqs, outs, ins, ids = [], {}, {}, []
             for peer in range(world):
                 if peer == rank:
                     continue
                 outs[peer] = np.empty(n, np.uint8)
+                ins[peer] = pattern(n, 1000 * rank + 10 * peer + si + rnd)
+                if register and n > 0:
+                    ids += [ep.register_memory(outs[peer]), ep.register_memory(ins[peer])]
                 reqs.append(ep.irecv(peer, outs[peer], tag=si))
-                reqs.append(ep.isend(peer, pattern(n, 1000 * rank + 10 * peer + si + rnd), tag=si))
+            if register:
+                barrier(ep, rank, world)
+            for peer, data in ins.items():
+                reqs.append(ep.isend(peer, data, tag=si))
             for r in reqs:
                 r.wait()
+            for rid in ids:
+                ep.deregister_memory(rid)
             for peer, out in outs.items():
                 exp = pattern(n, 1000 * peer + 10 * rank + si + rnd)
                 if not np.array_equal(out, exp):
@@ -90,7 +104,7 @@ def tags_out_of_order(ep, rank, world, n=300_000):
 
 def transfer_with_fault(ep, rank, world, nbytes, fault=None, fault_rail=1, fault_side=0, fault_after_s=0.2,
                         rate=None, heal_after_s=None, iters=1, fault_cmd=None, heal_cmd=None, op_timeout=None,
-                        until_rail_carries=None, max_extra_iters=40):
+                        until_rail_carries=None, max_extra_iters=40, register=False):
     """Rank 0 sends nbytes to rank 1 `iters` times; a fault hits one rail mid-transfer.
 
     rate: optional cap (bytes/s) on every rail of the sender, so the transfer lasts long
@@ -99,8 +113,12 @@ def transfer_with_fault(ep, rank, world, nbytes, fault=None, fault_rail=1, fault
     the send's and the receive's own deadline (default: R2CCL_TIMEOUT). until_rail_carries: a
     rail of rank 0's; after `iters`, further iterations (at most max_extra_iters, rank 0 decides
     and tells rank 1) until that rail has carried bytes: a healed rail joins on its own clock.
+    register: both buffers are registered (zero copy: one-sided writes into the advertised receive).
     """
     peer = 1 - rank
+    if register:
+        ep.open([peer])
+        ep.wait_ready([peer])
     if rate and rank == 0:
         for s in ep.rail_stats(peer):
             ep.inject(peer, s["rail"], "rate", rate)
@@ -122,6 +140,7 @@ def transfer_with_fault(ep, rank, world, nbytes, fault=None, fault_rail=1, fault
         ref = pattern(nbytes, 5 + it)
         out = np.empty(nbytes, np.uint8)
         ready = np.empty(1, np.uint8)
+        ids = [ep.register_memory(out if rank == 1 else ref)] if register else []
         if rank == 1:
             rr = ep.irecv(0, out, tag=100 + it)
             ep.send(0, ready, tag=99)
@@ -161,6 +180,8 @@ def transfer_with_fault(ep, rank, world, nbytes, fault=None, fault_rail=1, fault
             # 0.05-0.7 s on a loaded 2-core machine, and once pushed a faulted run over its bound
             times.append(time.monotonic() - t0)
             wrong += int(not np.array_equal(out, ref))
+        for rid in ids:
+            ep.deregister_memory(rid)
         it += 1
     for t in timers:
         t.join()

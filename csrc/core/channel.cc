@@ -461,7 +461,7 @@ void ChannelCore::pump(int64_t now) {
       auto a = ch.adverts.find({c.req->tag, c.req->tag_seq});
       if (a != ch.adverts.end() && c.offset + c.len <= a->second.len &&
           static_cast<size_t>(r.remote_nic) < a->second.keys.size() && a->second.keys[r.remote_nic] != 0 &&
-          io_->writes(r.index, *c.req)) {
+          io_->writes(r.index, *c.req, c.len)) {
         h.flags |= kFlagWritten;
         c.written = true;
         r.cur.written = true;
@@ -470,6 +470,7 @@ void ChannelCore::pump(int64_t now) {
       }
     }
     encode_header(h, r.cur.hdr);
+    r.cur.req = c.req.get();
     r.cur.payload = payload;
     r.cur.payload_len = c.len;
     r.cur.active = true;
@@ -1000,20 +1001,29 @@ void ChannelCore::cancel(const std::shared_ptr<Request>& req, Cause cause, const
         m.chunks.clear();
       }
   } else {
-    abandon_send(req);
+    abandon_send(req, now);
   }
   end_request(req, cause, why);
   pump(now);
 }
 
-void ChannelCore::abandon_send(const std::shared_ptr<Request>& req) {
+void ChannelCore::abandon_send(const std::shared_ptr<Request>& req, int64_t now) {
   // Frames being written keep their bytes (copied: the caller gets its buffer back; an
-  // eager send's copy stays until acknowledged); unsent chunks become abort marks.
+  // eager send's copy stays until acknowledged); unsent chunks become abort marks. A one-sided
+  // write the NIC may still be reading from the caller's buffer is stopped by failing its rail
+  // (the link's end goes to error before cancel returns); its chunk goes again, as an abort mark.
+  std::vector<int> writing;
   if (!req->eager)
     for (auto& r : ch.rails)
       if (r->cur.active && r->cur.is_data) {
         auto w = ch.window.find(r->cur.seq);
-        if (w != ch.window.end() && w->second.req == req) own_payload(*r);
+        if (w == ch.window.end() || w->second.req != req) continue;
+        if (r->cur.written) {
+          w->second.void_ = true;   // goes again as an abort mark, never from the buffer
+          writing.push_back(r->index);
+        } else {
+          own_payload(*r);
+        }
       }
   auto to_void = [](Chunk& c) {
     c.void_ = true;
@@ -1040,9 +1050,14 @@ void ChannelCore::abandon_send(const std::shared_ptr<Request>& req) {
   }
   ch.sends.erase(std::remove(ch.sends.begin(), ch.sends.end(), req), ch.sends.end());
   forget_advert(*req);
+  for (int rail : writing)
+    fail_rail(rail, FailReason::kAbandoned, "a one-sided write of a cancelled send was in flight", now);
 }
 
 void ChannelCore::own_payload(Rail& r) {
+  // A written frame reads registered memory only: acknowledged, its write is done (the header
+  // arrives after the payload); a cancelled send's is stopped by failing its rail (abandon_send).
+  if (r.cur.written) return;
   if (r.cur.payload_len == 0 || r.cur.payload == r.cur.owned.data()) return;
   r.cur.owned.assign(r.cur.payload, r.cur.payload + r.cur.payload_len);
   r.cur.payload = r.cur.owned.data();
@@ -1192,7 +1207,7 @@ void ChannelCore::expire(int64_t now) {
   for (auto& req : std::vector<std::shared_ptr<Request>>(ch.eager_sends)) {
     if (req->undeliverable || now - std::max(req->posted_ns, ch.all_down_since) <= set_.timeout_ns) continue;
     req->undeliverable = true;
-    abandon_send(req);
+    abandon_send(req, now);
     if (lost++ == 0)
       first = std::to_string(req->len) + " bytes, tag " + std::to_string(req->tag);
   }

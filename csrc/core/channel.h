@@ -39,7 +39,9 @@ struct TxFrame {
   size_t done = 0;                 // bytes of header + payload written
   std::vector<uint8_t> owned;      // payload storage of control frames (and of cancelled data)
   // A written chunk (kFlagWritten): the payload goes by one-sided write to the peer's memory
-  // at remote_addr through remote_key, the frame itself carries none.
+  // at remote_addr through remote_key, the frame itself carries none. `req`: the data frame's
+  // request (whose registered memory the write reads).
+  const Request* req = nullptr;
   bool written = false;
   uint64_t remote_addr = 0;
   uint32_t remote_key = 0;
@@ -251,11 +253,12 @@ class RailIo {
     (void)out;
     return false;
   }
-  // Rail `rail` can now write `send`'s payload straight into the peer's memory (its link
-  // writes, and the payload's memory is registered for it).
-  virtual bool writes(int rail, const Request& send) {
+  // Rail `rail` can now write `len` bytes of `send`'s payload straight into the peer's memory
+  // (its link writes that much at once, and the payload's memory is registered for it).
+  virtual bool writes(int rail, const Request& send, uint64_t len) {
     (void)rail;
     (void)send;
+    (void)len;
     return false;
   }
   // `recv` was advertised and is cancelled: its keys must stop working before this returns
@@ -385,7 +388,7 @@ class ChannelCore {
   void expire(int64_t now);
   // A send's chunks not yet acknowledged become abort marks (the receiver learns the message
   // is abandoned; sequence numbers stay dense). A cancel, or an eager send undeliverable.
-  void abandon_send(const std::shared_ptr<Request>& req);
+  void abandon_send(const std::shared_ptr<Request>& req, int64_t now);
   void eager_acked(const std::shared_ptr<Request>& req);
   // The data frame being written on `r` takes a copy of its payload (cur.owned): the buffer
   // it pointed into is about to go back to its caller (or be freed).

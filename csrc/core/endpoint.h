@@ -148,6 +148,14 @@ class Endpoint : public std::enable_shared_from_this<Endpoint> {
   void set_nic_state(int nic, bool up, const std::string& why);
   // Each local NIC: as given, its kernel interface (empty if unknown), its IPv4 address.
   std::vector<NicInfo> nics() const;
+  // Registers [base, base + len) with every transport of this endpoint (RDMA: with every
+  // device), for zero-copy transfers: a send from it goes by one-sided writes where the
+  // receiver advertised a registered receive, and a receive into it is advertised to its
+  // sender. Requests find their registration by address when posted and keep it until they
+  // are destroyed; deregister_memory drops the endpoint's hold. Any thread; returns the id.
+  // Throws Error(kSystem) naming the transport when the memory cannot be registered.
+  uint64_t register_memory(const void* base, size_t len);
+  void deregister_memory(uint64_t id);
   // Peers added so far.
   std::vector<int> peers();
   // How logs and errors name a peer ("rank 3", "NCCL send connection 7"); any thread.

@@ -19,6 +19,7 @@
 #include "base/log.h"
 #include "core/digest.h"
 #include "core/engine_internal.h"
+#include "core/registration.h"
 #include "net/registry.h"
 
 namespace r2ccl {
@@ -372,6 +373,32 @@ void Peer::payload_moved(int rail) {
   // cancelled send's buffer until the post completes.
   if (l.link && l.posted && !l.link->move_payload(l.cookie, this->rail(rail).cur.payload))
     R2_ERROR("%s: the transport cannot move a posted payload", core->rail_name(rail).c_str());
+}
+
+bool Peer::advertise(const Request& recv, AdvertBody* out) {
+  if (!recv.reg) return false;
+  const std::vector<uint32_t>& keys = recv.reg->keys();
+  if (std::all_of(keys.begin(), keys.end(), [](uint32_t k) { return k == 0; })) return false;
+  out->addr = reinterpret_cast<uint64_t>(recv.buf);
+  out->len = recv.len;
+  out->keys = keys;
+  return true;
+}
+
+bool Peer::writes(int rail, const Request& send, uint64_t len) {
+  const Link& l = *links[static_cast<size_t>(rail)];
+  return send.reg && l.link && len <= l.link->max_write_bytes() &&
+         send.reg->on(eng->rail_transport(this->rail(rail))) != nullptr;
+}
+
+void Peer::revoke(const Request& recv) {
+  if (!recv.reg) return;
+  try {
+    recv.reg->renew();   // new keys: a write still on its way with the old ones fails at its sender
+  } catch (const Error& e) {
+    // Not registered again (its old keys are gone all the same): later requests go in frames.
+    R2_WARN("%s: registering memory again after a revoke failed: %s", core->peer_name().c_str(), e.what());
+  }
 }
 
 void Peer::recv_dropped(int rail) {
@@ -907,6 +934,7 @@ void Engine::do_submit(const std::shared_ptr<Request>& req) {
     return;
   }
   open_peer(*it->second);   // connections on demand: the first request opens the peer's rails
+  if (req->len > 0 && !req->reg) req->reg = registration_for(req->buf, req->len);
   it->second->core->submit(req, now_ns());
 }
 
@@ -1160,5 +1188,37 @@ void Endpoint::testing_set_call_timeout(double seconds) {
 }
 std::string Endpoint::testing_call_from_engine_thread() { return engine_->testing_call_from_engine_thread(); }
 bool Endpoint::testing_test_lease_held() const { return engine_->testing_test_lease_held(); }
+
+// ---------------------------------------------------------------- registered memory
+
+uint64_t Engine::register_memory(const void* base, size_t len) {
+  if (!base || len == 0) throw Error(Cause::kInvalidArgument, -1, "register_memory of no memory");
+  auto reg = std::make_shared<Registration>(base, len, *transports_, nics_);
+  std::lock_guard<std::mutex> g(reg_mu_);
+  regs_[++next_reg_] = std::move(reg);
+  return next_reg_;
+}
+
+void Engine::deregister_memory(uint64_t id) {
+  std::shared_ptr<Registration> gone;   // released outside the lock (deregistering takes time)
+  {
+    std::lock_guard<std::mutex> g(reg_mu_);
+    auto it = regs_.find(id);
+    if (it == regs_.end())
+      throw Error(Cause::kInvalidArgument, -1, "deregister_memory of id " + std::to_string(id) + ", which is not registered");
+    gone = std::move(it->second);
+    regs_.erase(it);
+  }
+}
+
+std::shared_ptr<Registration> Engine::registration_for(const void* p, size_t n) {
+  std::lock_guard<std::mutex> g(reg_mu_);
+  for (auto& [id, reg] : regs_)
+    if (reg->covers(p, n)) return reg;
+  return nullptr;
+}
+
+uint64_t Endpoint::register_memory(const void* base, size_t len) { return engine_->register_memory(base, len); }
+void Endpoint::deregister_memory(uint64_t id) { engine_->deregister_memory(id); }
 
 }  // namespace r2ccl

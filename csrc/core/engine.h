@@ -102,6 +102,11 @@ struct Peer final : RailIo {
   void redial(int rail) override;
   void payload_moved(int rail) override;
   void recv_dropped(int rail) override;
+  // One-sided writes, where the request's memory is registered (Endpoint::register_memory) and
+  // the rail's link writes (engine.cc).
+  bool advertise(const Request& recv, AdvertBody* out) override;
+  bool writes(int rail, const Request& send, uint64_t len) override;
+  void revoke(const Request& recv) override;
 };
 
 class Engine {
@@ -134,6 +139,12 @@ class Engine {
   void testing_set_call_timeout_ms(int64_t ms) { call_timeout_ms_.store(ms); }
   std::string testing_call_from_engine_thread();
   bool testing_test_lease_held() const { return lease_held_.load(); }
+
+  // Registered memory (core/registration.h); any thread. register_memory returns its id.
+  uint64_t register_memory(const void* base, size_t len);
+  void deregister_memory(uint64_t id);
+  // The registration holding [p, p + n) whole, or null.
+  std::shared_ptr<Registration> registration_for(const void* p, size_t n);
 
   // Declares a peer; with `open`, its rails start connecting now, else on first use (open()).
   void add_peer(int peer, const std::vector<std::string>& addrs, bool open = true);
@@ -250,6 +261,9 @@ class Engine {
   WireLimits limits_{};
   bool rate_faults_seen_ = false;   // engine thread: a rate fault was injected (Link::next_tx_ns in use)
   std::unique_ptr<NicTransports> transports_;   // each local NIC's transport (R2CCL_TRANSPORT)
+  std::mutex reg_mu_;                             // guards regs_ and next_reg_
+  std::map<uint64_t, std::shared_ptr<Registration>> regs_;   // by id
+  uint64_t next_reg_ = 0;
   // The transport of rail `r` (its local NIC's; add_peer made sure the peer's NIC agrees).
   Transport& rail_transport(const Rail& r) const { return transports_->of(static_cast<size_t>(r.local_nic)); }
   std::vector<std::unique_ptr<FrameListener>> listeners_;

@@ -270,6 +270,7 @@ void Engine::attempt_failed(Peer& pr, Link& l, const std::string& why, bool refu
 
 void Engine::link_up(Peer& pr, Link& l) {
   l.refused = false;
+  l.link->trust_peer();   // the secret is proven both ways: the peer may write into what we advertise
   pr.core->rail_up(l.index, now_ns());
   set_interest(l);
 }

@@ -55,5 +55,14 @@ inline bool send_at_once(FrameLink& link, const TxFrame& f) {
   return link.poll_send().kind == LinkCompletion::kSent;
 }
 
+// Why a rail failed, from why its link did.
+inline FailReason fail_reason_of(const LinkFailure& f) {
+  switch (f.error) {
+    case LinkError::kClosedByPeer: return FailReason::kClosedByPeer;
+    case LinkError::kAbandoned: return FailReason::kAbandoned;
+    default: return FailReason::kIo;
+  }
+}
+
 }  // namespace detail
 }  // namespace r2ccl

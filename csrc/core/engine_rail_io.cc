@@ -17,6 +17,7 @@
 #include "base/log.h"
 #include "core/digest.h"
 #include "core/engine_internal.h"
+#include "core/registration.h"
 
 namespace r2ccl {
 
@@ -36,6 +37,12 @@ bool Engine::rail_flush(Peer& pr, Link& l) {
       post.payload = r.cur.payload;
       post.payload_len = r.cur.payload_len;
       post.cookie = ++l.cookie;
+      if (r.cur.written) {   // (RailIo::writes said this link and the memory can)
+        post.write = true;
+        post.remote_addr = r.cur.remote_addr;
+        post.remote_key = r.cur.remote_key;
+        post.mr = r.cur.req && r.cur.req->reg ? r.cur.req->reg->on(rail_transport(r)) : nullptr;
+      }
       l.link->post_send(post);
       l.posted = true;
     }
@@ -59,7 +66,7 @@ bool Engine::rail_flush(Peer& pr, Link& l) {
     if (l.fault == Fault::kRate) l.tokens -= static_cast<double>(c.moved);
     if (c.kind == LinkCompletion::kFailed) {
       const LinkFailure& f = l.link->failure();
-      const FailReason why = f.error == LinkError::kClosedByPeer ? FailReason::kClosedByPeer : FailReason::kIo;
+      const FailReason why = fail_reason_of(f);
       const std::string detail = f.detail;
       l.flushing = false;
       pr.core->fail_rail(l.index, why, detail, now_ns());
@@ -119,8 +126,7 @@ void Engine::rail_readable(Peer& pr, Link& l) {
   auto read_failed = [&] {
     const LinkFailure& f = l.link->failure();
     const std::string detail = f.detail;
-    pr.core->fail_rail(l.index, f.error == LinkError::kClosedByPeer ? FailReason::kClosedByPeer : FailReason::kIo,
-                       detail, now_ns());
+    pr.core->fail_rail(l.index, fail_reason_of(f), detail, now_ns());
   };
   // One read pass: bounded in frames (one busy rail cannot starve its siblings' writers) and
   // in payload bytes (every rail with data gets the same service; kReadPassBytes). What is

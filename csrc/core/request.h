@@ -4,6 +4,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -11,6 +12,8 @@
 #include "base/error.h"
 
 namespace r2ccl {
+
+class Registration;   // core/registration.h
 
 // Where a thread running the engine's work on the caller's path puts the on_finish callbacks
 // of the requests it finishes (null on every other thread: callbacks run at once).
@@ -67,6 +70,9 @@ struct Request {
   int64_t posted_ns = 0;
   bool cancelled = false;
   bool advertised = false;      // receive: its memory was offered to the peer's one-sided writes (kAdvert)
+  // Registered memory holding the whole buffer (Endpoint::register_memory), found when posted:
+  // kept registered while this request lives. Null: its chunks travel in frames.
+  std::shared_ptr<Registration> reg;
   // send, eager (R2CCL_EAGER_BYTES): finished when copied; its chunks are read from `copy`,
   // which lives until every chunk is acknowledged. `undeliverable`: every rail stayed down
   // past R2CCL_TIMEOUT, so the message is abandoned (its chunks go as abort marks).

@@ -45,9 +45,13 @@ struct NetPlugin::Request {
 
 namespace {
 
+// NCCL's registration of one of its buffers (regMr): registered with the endpoint (every NIC's
+// transport; RDMA: every device), so sends from it and receives into it move with no copy.
 struct MemHandle {
   void* data;
   size_t size;
+  std::shared_ptr<Endpoint> ep;
+  uint64_t id;
 };
 
 uint64_t random_u64() {
@@ -419,18 +423,31 @@ abi::Result NetPlugin::accept(void* listen_comm, void** recv_comm) {
 }
 
 abi::Result NetPlugin::reg_mr(void* comm, void* data, size_t size, int type, void** mhandle) {
-  (void)comm;
   *mhandle = nullptr;
   if (type != abi::kPtrHost)
     return fail(abi::kInvalidArgument, "regMr of GPU memory (type " + std::to_string(type) +
                                            "): this plugin moves host memory only (GPUDirect is not offered yet)");
-  *mhandle = new MemHandle{data, size};
+  auto ep = static_cast<Comm*>(comm)->ep;
+  try {
+    const uint64_t id = ep->register_memory(data, size);
+    *mhandle = new MemHandle{data, size, ep, id};
+  } catch (const Error& e) {
+    return fail(abi::kSystemError, std::string("regMr of ") + std::to_string(size) + " bytes: " + e.what());
+  }
   return abi::kSuccess;
 }
 
 abi::Result NetPlugin::dereg_mr(void* comm, void* mhandle) {
   (void)comm;
-  delete static_cast<MemHandle*>(mhandle);
+  auto* h = static_cast<MemHandle*>(mhandle);
+  if (!h) return abi::kSuccess;
+  try {
+    h->ep->deregister_memory(h->id);
+  } catch (const Error& e) {
+    delete h;
+    return fail(abi::kInternalError, std::string("deregMr: ") + e.what());
+  }
+  delete h;
   return abi::kSuccess;
 }
 

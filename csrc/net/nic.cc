@@ -23,6 +23,7 @@ const char* link_error_name(LinkError e) {
     case LinkError::kTimedOut: return "timed_out";
     case LinkError::kClosedByPeer: return "closed_by_peer";
     case LinkError::kIo: return "io";
+    case LinkError::kAbandoned: return "abandoned";
   }
   return "?";
 }

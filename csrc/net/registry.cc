@@ -90,9 +90,9 @@ NicTransports::NicTransports(const std::vector<Nic>& nics, const Config& cfg) {
   per_nic_.resize(nics.size());
   for (const TransportBackend* b : all) {
     if (std::find(chosen.begin(), chosen.end(), b) == chosen.end()) continue;
-    owned_.push_back(b->make(cfg, nics.size()));
+    std::shared_ptr<Transport> t = b->make(cfg, nics.size());
     for (size_t i = 0; i < nics.size(); i++)
-      if (chosen[i] == b) per_nic_[i] = Slot{b, owned_.back().get()};
+      if (chosen[i] == b) per_nic_[i] = Slot{b, t};
   }
 }
 

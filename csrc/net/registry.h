@@ -53,6 +53,8 @@ class NicTransports {
   NicTransports(const std::vector<Nic>& nics, const Config& cfg);
   size_t size() const { return per_nic_.size(); }
   Transport& of(size_t nic) const { return *per_nic_[nic].transport; }
+  // The same, shared: what must outlive the endpoint (registered memory) holds it so.
+  std::shared_ptr<Transport> shared(size_t nic) const { return per_nic_[nic].transport; }
   const TransportBackend& backend(size_t nic) const { return *per_nic_[nic].backend; }
   // Listener `a` on `nic`, as its peers are given it.
   std::string publish(size_t nic, const NetAddr& a) const { return publish_address(backend(nic), a); }
@@ -60,9 +62,8 @@ class NicTransports {
  private:
   struct Slot {
     const TransportBackend* backend;
-    Transport* transport;
+    std::shared_ptr<Transport> transport;
   };
-  std::vector<std::unique_ptr<Transport>> owned_;
   std::vector<Slot> per_nic_;
 };
 

@@ -41,14 +41,14 @@ struct NetAddr {
   static NetAddr parse(const std::string& ip_port);   // throws Error(kInvalidArgument)
 };
 
-// Memory a transport may read sends from or land receives in. register_memory pins and keys
-// it where the hardware needs that (verbs: ibv_reg_mr); a transport that needs none
-// (sockets) returns a region with no keys, and every post accepts a null region from it.
+// Memory a transport may read sends from, land receives in, or let the peer write into.
+// register_memory pins and keys it where the hardware needs that (verbs: ibv_reg_mr on every
+// device the transport serves, so any of its links can use it); a transport that needs none
+// (sockets) returns a region with no handle, and every post accepts a null region from it.
 struct MemRegion {
   const void* base = nullptr;
   size_t len = 0;
-  uint32_t lkey = 0, rkey = 0;   // RDMA keys (0 where none)
-  uint64_t handle = 0;           // the transport's own registration (0 where none)
+  uint64_t handle = 0;           // the transport's own registration (0 where none); keys are per device
   bool covers(const void* p, size_t n) const {
     auto b = reinterpret_cast<uintptr_t>(base), x = reinterpret_cast<uintptr_t>(p);
     return x >= b && n <= len && x - b <= len - n;
@@ -63,6 +63,7 @@ enum class LinkError : uint8_t {
   kTimedOut,       // the path stopped answering (TCP_USER_TIMEOUT; RDMA: retries exhausted)
   kClosedByPeer,   // the other end closed or reset the link
   kIo,             // any other local or transport error (errno or work-completion status)
+  kAbandoned,      // a one-sided write met memory the peer had revoked (its receive was cancelled)
 };
 const char* link_error_name(LinkError e);
 
@@ -81,6 +82,13 @@ struct SendPost {
   size_t payload_len = 0;
   const MemRegion* mr = nullptr;
   uint64_t cookie = 0;     // handed back in its kSent
+  // A one-sided write (links whose can_write() says so): the payload, read from `mr`'s memory,
+  // is written into the peer's memory at remote_addr through remote_key, and the frame carries
+  // the header alone, which reaches the peer only after the payload has landed. kSent comes once
+  // the NIC has finished reading the payload.
+  bool write = false;
+  uint64_t remote_addr = 0;
+  uint32_t remote_key = 0;
 };
 
 struct LinkCompletion {
@@ -113,6 +121,13 @@ class FrameLink {
   virtual bool needs_writable_watch() const = 0;
   // A link made by connect() starts pending: kUp once established, kFailed with failure().
   virtual ConnectState finish_connect() = 0;
+  // The most bytes one one-sided write (SendPost::write) may carry on this link; 0: it takes none.
+  virtual size_t max_write_bytes() const { return 0; }
+  // The peer proved itself on this link (the job secret's handshake): from now on its one-sided
+  // writes may land in memory this side registered (verbs: the QP gains remote-write access,
+  // which it lacks until then, so a stranger that dials gets no write into our memory). Until
+  // this is called, a write from the peer fails at the peer.
+  virtual void trust_peer() {}
 
   // Sends. Up to send_slots() posts may be outstanding; each completes, in order, as kSent.
   virtual size_t send_slots() const = 0;
@@ -201,6 +216,13 @@ class Transport {
     return m;
   }
   virtual void deregister_memory(const MemRegion&) {}
+  // The key the peer's one-sided writes into `region` carry when they arrive through `nic`
+  // (one of this transport's NICs); 0 when that NIC cannot take them.
+  virtual uint32_t remote_key(const MemRegion& region, const Nic& nic) {
+    (void)region;
+    (void)nic;
+    return 0;
+  }
 };
 
 }  // namespace r2ccl

@@ -392,6 +392,24 @@ NB_MODULE(_core, m) {
           },
           nb::arg("peer"), nb::arg("buffer"), nb::arg("tag"), nb::arg("owner"), nb::keep_alive<0, 1>())
       .def(
+          "register_memory",
+          [](Endpoint& ep, Buffer buf) {
+            if (buf.nbytes() == 0 || buf.data() == nullptr)
+              throw Error(Cause::kInvalidArgument, -1, "register_memory of an empty buffer");
+            nb::gil_scoped_release nogil;
+            return ep.register_memory(buf.data(), buf.nbytes());
+          },
+          nb::arg("buffer"),
+          "Registers the buffer with every transport (RDMA: every device) for zero-copy transfers; "
+          "returns its id. The caller keeps the buffer alive until deregister_memory.")
+      .def(
+          "deregister_memory",
+          [](Endpoint& ep, uint64_t id) {
+            nb::gil_scoped_release nogil;
+            ep.deregister_memory(id);
+          },
+          nb::arg("id"))
+      .def(
           "rail_stats",
           [](Endpoint& ep, int peer) {
             std::vector<RailStats> st;

@@ -63,6 +63,7 @@ class Endpoint:
         if secret is None:
             raise R2cclError("an endpoint needs the job secret (bootstrap shares one)")
         self._ep = _core.Endpoint(self.config.to_core(), int(rank), int(world), self.nics, bytes(secret))
+        self._registered: dict[int, np.ndarray] = {}   # register_memory: id -> the array it keeps alive
         self.rank, self.world = int(rank), int(world)
         self.peers: list[int] = []
 
@@ -113,6 +114,22 @@ class Endpoint:
     def irecv(self, peer: int, array: np.ndarray, tag: int = 0) -> Request:
         buf = _as_buffer(array, writable=True)
         return Request(self._ep.irecv(int(peer), buf, int(tag), array), array)
+
+    def register_memory(self, array: np.ndarray) -> int:
+        """Registers `array`'s memory with every transport of this endpoint (RDMA: with every
+        device) for zero-copy transfers, and returns its id: a send from it is written straight
+        into a receive its peer registered too (one-sided RDMA writes, no copy on either side),
+        and a receive into it is offered to its sender. Requests find it by address. The
+        endpoint keeps `array` alive until deregister_memory(id)."""
+        buf = _as_buffer(array, writable=True)
+        rid = self._ep.register_memory(buf)
+        self._registered[rid] = array
+        return rid
+
+    def deregister_memory(self, rid: int) -> None:
+        """Drops the endpoint's registration `rid`; requests still using it keep it until they end."""
+        self._ep.deregister_memory(int(rid))
+        self._registered.pop(int(rid), None)
 
     def send(self, peer: int, array: np.ndarray, tag: int = 0, timeout: float | None = None) -> None:
         self.isend(peer, array, tag).wait(timeout)

@@ -102,7 +102,7 @@ struct SimIo final : RailIo {
   Sim* sim = nullptr;
   int side = 0;
   bool advertise(const Request& recv, AdvertBody* out) override;
-  bool writes(int rail, const Request& send) override;
+  bool writes(int rail, const Request& send, uint64_t len) override;
   void revoke(const Request& recv) override;
   void kick(int rail) override;
   void drop(int rail, bool was_up) override;
@@ -369,7 +369,7 @@ class Sim {
     adverts_++;
     return true;
   }
-  bool writes(int rail, const Request& send) { return writes_ && rail_writes_[rail] && !send.eager; }
+  bool writes(int rail, const Request& send, uint64_t len) { return writes_ && rail_writes_[rail] && !send.eager && len > 0; }
   void revoke(int side, const Request& recv) {
     auto it = targets_[side].find(reinterpret_cast<uint64_t>(recv.buf));
     if (it == targets_[side].end() || it->second.recv != &recv) fail("revoke of a receive that was never advertised");
@@ -948,7 +948,7 @@ class Sim {
 
 void SimIo::kick(int rail) { sim->kick(side, rail); }
 bool SimIo::advertise(const Request& recv, AdvertBody* out) { return sim->advertise(side, recv, out); }
-bool SimIo::writes(int rail, const Request& send) { return sim->writes(rail, send); }
+bool SimIo::writes(int rail, const Request& send, uint64_t len) { return sim->writes(rail, send, len); }
 void SimIo::revoke(const Request& recv) { sim->revoke(side, recv); }
 void SimIo::drop(int rail, bool was_up) { sim->drop(side, rail, was_up); }
 void SimIo::redial(int rail) { sim->redial(side, rail); }

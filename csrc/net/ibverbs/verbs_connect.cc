@@ -174,7 +174,7 @@ bool VerbsLink::make_qp() {
   qa.send_cq = scq_;
   qa.recv_cq = rcq_;
   qa.qp_type = IBV_QPT_RC;
-  qa.cap.max_send_wr = n_send_ + kCtrlBuffers;
+  qa.cap.max_send_wr = n_send_ + kCtrlBuffers + kSendSlots;   // (one WRITE per post at most)
   qa.cap.max_recv_wr = n_recv_;
   qa.cap.max_send_sge = 1;
   qa.cap.max_recv_sge = 1;
@@ -184,7 +184,7 @@ bool VerbsLink::make_qp() {
   a.qp_state = IBV_QPS_INIT;
   a.pkey_index = 0;
   a.port_num = static_cast<uint8_t>(at_.port);
-  a.qp_access_flags = 0;   // SENDs only: no remote access to anything of ours
+  a.qp_access_flags = 0;   // SENDs only until the peer proves itself (trust_peer): no remote access yet
   if (int e = api_->modify_qp(qp_, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS))
     return sys_fail("ibv_modify_qp(INIT)", e);
   for (uint32_t i = 0; i < n_send_; i++) free_send_.push_back(i);
@@ -385,6 +385,13 @@ std::unique_ptr<FrameLink> connect_verbs(PortRef at, const Nic& local, const Net
                                          const LinkOptions& lopt, const VerbsOptions& vopt) {
   return std::make_unique<VerbsLink>(std::move(at), vopt, lopt.header_bytes, tcp::connect_socket(local, remote, lopt),
                                      true);
+}
+
+void VerbsLink::trust_peer() {
+  if (!qp_ || failed()) return;
+  ibv_qp_attr a{};
+  a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE;   // into memory registered for it, through advertised keys
+  if (int e = api_->modify_qp(qp_, &a, IBV_QP_ACCESS_FLAGS)) sys_fail("ibv_modify_qp(remote write access)", e);
 }
 
 }  // namespace r2ccl::verbs

@@ -167,9 +167,17 @@ PortRef Devices::port_for(const Nic& nic, const VerbsOptions& opt) {
                                         std::to_string(gid) + ") failed");
   ref.lid = pa.lid;
   ref.mtu = pa.active_mtu;
+  ref.max_msg = pa.max_msg_sz;
   std::lock_guard<std::mutex> g(mu_);
   by_nic_[nic.addr_str()] = ref;
   return ref;
+}
+
+std::vector<std::shared_ptr<Device>> Devices::all() {
+  std::lock_guard<std::mutex> g(mu_);
+  std::vector<std::shared_ptr<Device>> out;
+  for (auto& [name, d] : open_) out.push_back(d);
+  return out;
 }
 
 std::shared_ptr<Device> Devices::open(const std::string& name) {

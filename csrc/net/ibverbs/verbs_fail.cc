@@ -34,6 +34,11 @@ void VerbsLink::fail(LinkError e, int err, std::string detail) {
 void VerbsLink::fail_wc(const ibv_wc& wc) {
   if (wc.status == IBV_WC_WR_FLUSH_ERR) {
     fail(closing_ ? LinkError::kClosedByPeer : LinkError::kIo, wc.status, "work request flushed: the QP is in error");
+  } else if (wc.status == IBV_WC_REM_ACCESS_ERR) {
+    // The peer's memory refused our WRITE: it revoked the keys of a receive it gave up (its
+    // cancel re-registered the memory). The message is abandoned; the link is not at fault.
+    fail(LinkError::kAbandoned, wc.status, "remote access error on a one-sided write: the peer revoked that memory "
+                                           "(message abandoned)");
   } else {
     fail(wc.status == IBV_WC_RETRY_EXC_ERR ? LinkError::kTimedOut : LinkError::kIo, wc.status,
          std::string("work completion: ") + api_->wc_status_str(wc.status) + " (wc status " +

@@ -37,6 +37,7 @@ constexpr uint8_t kOut = 2;     // the sender spent its last credit: return cred
 constexpr uint32_t kCtrlBuffers = 4;
 constexpr size_t kCtrlSlotBytes = 64;
 constexpr uint64_t kCtrlTag = 1ull << 32;     // wr_id of a credit-only SEND: kCtrlTag | slot
+constexpr uint64_t kWriteTag = 1ull << 33;    // wr_id of a one-sided WRITE: kWriteTag | its post's cookie (low 32 bits)
 
 static_assert(IBV_MTU_256 == kBootMtuMin && IBV_MTU_4096 == kBootMtuMax, "boot_record.h's MTU range is ibv_mtu's");
 
@@ -57,6 +58,11 @@ struct Device {
   std::map<int, std::string> port_why;      // why a port is down (the event or state seen)
   std::set<uint32_t> dead_qps;              // QPs an async event declared in error
   std::map<int, int> watchers;              // eventfd -> port: links to wake on a change
+
+  // Memory registered for one-sided writes (verbs_reg.cc), by the transport's region handle.
+  std::mutex mr_mu;
+  std::map<uint64_t, ibv_mr*> mrs;
+  bool keys_of(uint64_t handle, uint32_t* lkey, uint32_t* rkey);
 
   ~Device();
 
@@ -100,6 +106,7 @@ struct PortRef {
   uint16_t lid = 0;
   ibv_mtu mtu = IBV_MTU_1024;
   bool roce = true;
+  uint32_t max_msg = 0;   // the port's largest message (a one-sided write's limit)
 };
 
 // The registry of devices: one opened Device per RDMA device, one PortRef per NIC.
@@ -112,6 +119,8 @@ class Devices {
   // while its port is down, and a scan of the GID tables costs tens of ms under emulation.
   // Whether the port is up comes from the port events and ibv_query_port, not from the map.
   PortRef port_for(const Nic& nic, const VerbsOptions& opt);
+  // Every device opened so far (one per RDMA device serving a NIC the transport listened on).
+  std::vector<std::shared_ptr<Device>> all();
 
  private:
   std::shared_ptr<Device> open(const std::string& name);
@@ -139,6 +148,8 @@ class VerbsLink final : public FrameLink {
   bool accept_record(const BootRecord& peer, BootRecord* ours);
   void set_up() { phase_ = Phase::kUp; }
   ConnectState finish_connect() override;
+  size_t max_write_bytes() const override { return at_.max_msg; }
+  void trust_peer() override;
 
   // ---- control path: failure and teardown (verbs_fail.cc)
   ~VerbsLink() override;
@@ -169,9 +180,15 @@ class VerbsLink final : public FrameLink {
   struct Post {
     uint8_t hdr[kMaxLinkHeaderBytes];
     const uint8_t* payload = nullptr;
-    size_t len = 0;
+    size_t len = 0;   // payload bytes the frame carries (0 for a write: its payload goes by WRITE)
     size_t off = 0;   // header and payload bytes segmented
     uint64_t cookie = 0;
+    // A one-sided write (SendPost::write): `wlen` bytes from `payload` (lkey) to the peer's
+    // raddr (rkey), posted before the header; the post is kSent once the WRITE completed.
+    size_t wlen = 0;
+    uint64_t raddr = 0;
+    uint32_t rkey = 0, lkey = 0;
+    bool write_posted = false, write_done = true;
   };
   struct Seg {
     uint32_t buf = 0;        // receive buffer index
@@ -200,6 +217,7 @@ class VerbsLink final : public FrameLink {
   // ---- data path (verbs_link.cc)
   bool post_receive(uint32_t b);
   bool post_send_wr(uint64_t wr_id, uint8_t* addr, size_t len);
+  bool post_write_wr(Post& p);
   void write_prefix(uint8_t* p, Kind kind, uint8_t flags, uint32_t len) const;
   // Segments the posts in order while credits, bounce buffers and `budget` last.
   size_t pump_data(size_t budget);
@@ -282,6 +300,14 @@ class VerbsLink final : public FrameLink {
   bool peer_out_ = false;
   CopiedBytes copied_;   // payload bytes through the bounce buffers (copied())
 };
+
+// ---------------------------------------------------------------- registration (verbs_reg.cc)
+
+// A caller's memory registered for one-sided writes with every device in `devices`, under
+// `handle` (the transport's number for it): local read for WRITEs from it, remote write for
+// WRITEs into it. Throws Error(kSystem) naming the device (what was registered is undone).
+void register_region(Devices& devices, const VerbsApi* api, const void* base, size_t len, uint64_t handle);
+void deregister_region(Devices& devices, const VerbsApi* api, uint64_t handle);
 
 // ---------------------------------------------------------------- set-up (verbs_connect.cc)
 

@@ -1,6 +1,8 @@
 // A verbs link's data path (verbs_internal.h): frames cut into SENDs of the bounce buffers,
-// receives copied out of them, credits, and the completions, async events and bootstrap socket
-// taken into the link's state. Set-up, registration and teardown live in their own files.
+// receives copied out of them, one-sided WRITEs straight from registered memory ahead of their
+// frame's header (zero copies: the RC queue pair delivers a WRITE before the SEND posted after
+// it), credits, and the completions, async events and bootstrap socket taken into the link's
+// state. Set-up, registration and teardown live in their own files.
 #if R2CCL_HAVE_IBVERBS
 
 #include <unistd.h>
@@ -19,8 +21,18 @@ void VerbsLink::post_send(const SendPost& p) {
   Post o;
   std::memcpy(o.hdr, p.header, hb_);
   o.payload = static_cast<const uint8_t*>(p.payload);
-  o.len = p.payload_len;
   o.cookie = p.cookie;
+  if (p.write) {
+    if (!p.mr || !at_.dev->keys_of(p.mr->handle, &o.lkey, nullptr))
+      return misuse("a write from memory not registered on this link's device");
+    if (p.payload_len == 0 || p.payload_len > at_.max_msg) return misuse("a write of no bytes, or more than the port takes");
+    o.wlen = p.payload_len;
+    o.raddr = p.remote_addr;
+    o.rkey = p.remote_key;
+    o.write_done = false;
+  } else {
+    o.len = p.payload_len;
+  }
   posts_.push_back(o);
 }
 
@@ -30,7 +42,7 @@ LinkCompletion VerbsLink::poll_send(size_t budget) {
   if (failed() && !(closing_ && rx_deliverable())) return failed_completion();
   if (phase_ != Phase::kUp) return c;
   c.moved = pump_data(budget);
-  if (!posts_.empty() && posts_.front().off == hb_ + posts_.front().len) {
+  if (!posts_.empty() && posts_.front().off == hb_ + posts_.front().len && posts_.front().write_done) {
     c.kind = LinkCompletion::kSent;
     c.cookie = posts_.front().cookie;
     posts_.pop_front();
@@ -43,7 +55,10 @@ LinkCompletion VerbsLink::poll_send(size_t budget) {
 
 bool VerbsLink::move_payload(uint64_t cookie, const void* payload) {
   for (auto& p : posts_)
-    if (p.cookie == cookie) p.payload = static_cast<const uint8_t*>(payload);
+    if (p.cookie == cookie) {
+      if (p.wlen) return false;   // a WRITE reads registered memory: the NIC may be reading it now
+      p.payload = static_cast<const uint8_t*>(payload);
+    }
   return true;   // what was segmented is in the bounce buffers; the rest is read from the copy
 }
 
@@ -157,6 +172,26 @@ bool VerbsLink::post_receive(uint32_t b) {
   return true;
 }
 
+bool VerbsLink::post_write_wr(Post& p) {
+  ibv_sge sge{};
+  sge.addr = reinterpret_cast<uintptr_t>(p.payload);
+  sge.length = static_cast<uint32_t>(p.wlen);
+  sge.lkey = p.lkey;
+  ibv_send_wr wr{};
+  wr.wr_id = kWriteTag | (p.cookie & 0xffffffffu);
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  wr.opcode = IBV_WR_RDMA_WRITE;
+  wr.send_flags = IBV_SEND_SIGNALED;
+  wr.wr.rdma.remote_addr = p.raddr;
+  wr.wr.rdma.rkey = p.rkey;
+  ibv_send_wr* bad = nullptr;
+  if (int e = ibv_post_send(qp_, &wr, &bad)) return sys_fail("ibv_post_send (RDMA WRITE)", e);
+  inflight_.push_back(wr.wr_id);
+  p.write_posted = true;
+  return true;
+}
+
 bool VerbsLink::post_send_wr(uint64_t wr_id, uint8_t* addr, size_t len) {
   ibv_sge sge{};
   sge.addr = reinterpret_cast<uintptr_t>(addr);
@@ -185,6 +220,11 @@ void VerbsLink::write_prefix(uint8_t* p, Kind kind, uint8_t flags, uint32_t len)
 size_t VerbsLink::pump_data(size_t budget) {
   size_t moved = 0;
   for (auto& p : posts_) {
+    if (p.wlen && !p.write_posted) {   // the payload first, straight from its memory; then the header
+      if (failed() || !post_write_wr(p)) return moved;
+      moved += p.wlen;
+      budget -= std::min(budget, p.wlen);
+    }
     const size_t total = hb_ + p.len;
     while (p.off < total) {
       if (budget == 0 || credits_ == 0 || free_send_.empty() || failed()) return moved;
@@ -290,6 +330,16 @@ void VerbsLink::drain(ibv_cq* cq) {
 
 void VerbsLink::absorb(const ibv_wc& wc) {
   if (wc.status != IBV_WC_SUCCESS) return fail_wc(wc);
+  if (wc.opcode == IBV_WC_RDMA_WRITE) {
+    if (inflight_.empty() || inflight_.front() != wc.wr_id) return fail(LinkError::kIo, 0, "verbs link: a write completion out of order");
+    inflight_.pop_front();
+    for (auto& p : posts_)
+      if (p.wlen && p.write_posted && !p.write_done && (kWriteTag | (p.cookie & 0xffffffffu)) == wc.wr_id) {
+        p.write_done = true;
+        break;
+      }
+    return;
+  }
   if (wc.opcode == IBV_WC_SEND) {
     if (inflight_.empty() || inflight_.front() != wc.wr_id) return fail(LinkError::kIo, 0, "verbs link: a send completion out of order");
     inflight_.pop_front();

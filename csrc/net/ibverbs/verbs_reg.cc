@@ -1,10 +1,16 @@
-// The verbs backend's memory registration (verbs_internal.h): today each link's bounce buffers,
-// registered with its device's protection domain for local access only (SENDs; nothing of
-// ours is remotely accessible). The transport registers no caller memory: posts are copied.
+// The verbs backend's memory registration (verbs_internal.h): each link's bounce buffers,
+// registered with its device's protection domain for local access only, and the caller's
+// regions (Transport::register_memory), registered with every device the transport serves so
+// that any surviving rail can write any chunk of them: local access for WRITEs from them,
+// remote write for WRITEs into them (a receive advertised to its peer).
 #if R2CCL_HAVE_IBVERBS
 
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <string>
+
+#include "base/error.h"
 
 #include "net/ibverbs/verbs_internal.h"
 
@@ -17,6 +23,45 @@ bool VerbsLink::register_buffers() {
   mr_ = api_->reg_mr(at_.dev->pd, mem_, bytes, IBV_ACCESS_LOCAL_WRITE);
   if (!mr_) return sys_fail("ibv_reg_mr of " + std::to_string(bytes) + " bytes of bounce buffers (RLIMIT_MEMLOCK?)");
   return true;
+}
+
+bool Device::keys_of(uint64_t handle, uint32_t* lkey, uint32_t* rkey) {
+  std::lock_guard<std::mutex> g(mr_mu);
+  auto it = mrs.find(handle);
+  if (it == mrs.end()) return false;
+  if (lkey) *lkey = it->second->lkey;
+  if (rkey) *rkey = it->second->rkey;
+  return true;
+}
+
+void register_region(Devices& devices, const VerbsApi* api, const void* base, size_t len, uint64_t handle) {
+  const auto all = devices.all();
+  for (size_t i = 0; i < all.size(); i++) {
+    ibv_mr* mr = api->reg_mr(all[i]->pd, const_cast<void*>(base), len, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+    if (!mr) {
+      const int e = errno;
+      deregister_region(devices, api, handle);
+      throw Error(Cause::kSystem, -1,
+                  "ibv_reg_mr of " + std::to_string(len) + " bytes on " + all[i]->name + " failed: " + std::strerror(e) +
+                      (e == ENOMEM || e == EPERM ? " (RLIMIT_MEMLOCK: ulimit -l)" : ""));
+    }
+    std::lock_guard<std::mutex> g(all[i]->mr_mu);
+    all[i]->mrs[handle] = mr;
+  }
+}
+
+void deregister_region(Devices& devices, const VerbsApi* api, uint64_t handle) {
+  for (const auto& d : devices.all()) {
+    ibv_mr* mr = nullptr;
+    {
+      std::lock_guard<std::mutex> g(d->mr_mu);
+      auto it = d->mrs.find(handle);
+      if (it == d->mrs.end()) continue;
+      mr = it->second;
+      d->mrs.erase(it);
+    }
+    api->dereg_mr(mr);
+  }
 }
 
 }  // namespace r2ccl::verbs

@@ -49,6 +49,8 @@ std::string gpudirect_report() { return "not built (no verbs backend in this bui
 
 #include <unistd.h>
 
+#include <atomic>
+
 #include "net/ibverbs/verbs_api.h"
 #include "net/ibverbs/verbs_internal.h"
 
@@ -62,7 +64,7 @@ using verbs::PortRef;
 
 class VerbsTransport final : public Transport {
  public:
-  VerbsTransport(const VerbsApi* api, const VerbsOptions& opt) : devices_(api), opt_(opt) {}
+  VerbsTransport(const VerbsApi* api, const VerbsOptions& opt) : api_(api), devices_(api), opt_(opt) {}
   const char* name() const override { return "ibverbs"; }
   std::unique_ptr<FrameListener> listen(const Nic& nic, int port, const LinkOptions& opt) override {
     PortRef at = devices_.port_for(nic, opt_);
@@ -72,12 +74,29 @@ class VerbsTransport final : public Transport {
     PortRef at = devices_.port_for(local, opt_);
     return connect_verbs(std::move(at), local, remote, opt, opt_);
   }
-  // Registration: the seam's defaults (none). Posts are copied into the link's own
-  // registered buffers (verbs_reg.cc), so nothing of the caller's needs a key.
+  // Registration (verbs_reg.cc): a caller's region on every device, for one-sided writes from
+  // and into it. Frames need none: they are copied into the link's own registered buffers.
+  MemRegion register_memory(const void* base, size_t len) override {
+    MemRegion m;
+    m.base = base;
+    m.len = len;
+    m.handle = next_region_.fetch_add(1) + 1;
+    verbs::register_region(devices_, api_, base, len, m.handle);
+    return m;
+  }
+  void deregister_memory(const MemRegion& m) override {
+    if (m.handle) verbs::deregister_region(devices_, api_, m.handle);
+  }
+  uint32_t remote_key(const MemRegion& m, const Nic& nic) override {
+    uint32_t rkey = 0;
+    return m.handle && devices_.port_for(nic, opt_).dev->keys_of(m.handle, nullptr, &rkey) ? rkey : 0;
+  }
 
  private:
+  const VerbsApi* api_;
   Devices devices_;
   VerbsOptions opt_;
+  std::atomic<uint64_t> next_region_{0};
 };
 
 }  // namespace
