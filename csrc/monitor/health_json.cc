@@ -45,6 +45,7 @@ std::string health_json(Monitor& mon, const Endpoint& ep, size_t max_events) {
       << ", \"standby\": " << (s.standby ? "true" : "false") << ", \"weight\": " << num(s.weight)
       << ", \"bandwidth_Bps\": " << num(r.bandwidth_Bps) << ", \"rtt_us\": " << num(s.rtt_us)
       << ", \"tx_bytes\": " << s.tx_bytes << ", \"rx_bytes\": " << s.rx_bytes << ", \"acked_bytes\": " << s.acked_bytes
+      << ", \"tx_copied_bytes\": " << s.tx_copied_bytes << ", \"rx_copied_bytes\": " << s.rx_copied_bytes
       << ", \"inflight_bytes\": " << s.inflight_bytes << ", \"retransmitted_chunks\": " << s.retransmitted_chunks
       << ", \"failures\": " << s.failures << ", \"recoveries\": " << s.recoveries
       << ", \"last_event\": " << json_string(r.last_event) << ", \"last_error\": " << json_string(s.last_error) << "}";

@@ -743,6 +743,28 @@ void case_ring(uint64_t seed) {
               g_rank, ring.count, g_world);
 }
 
+// The plugin's health snapshot (r2ccl_nccl_plugin_health_v1: its rails, their bytes and the
+// bytes their transport copied) as one line, once the health monitor has sampled the rails
+// after the traffic (R2CCL_MONITOR_MS; nothing without a monitor).
+void print_health() {
+  using Health = size_t (*)(char*, size_t);
+  auto fn = reinterpret_cast<Health>(dlsym(net.lib, "r2ccl_nccl_plugin_health_v1"));
+  const char* ms = std::getenv("R2CCL_MONITOR_MS");
+  if (!fn || !ms || std::atoi(ms) <= 0) return;
+  std::this_thread::sleep_for(std::chrono::milliseconds(3 * std::atoi(ms)));
+  std::string j;
+  for (size_t need = fn(nullptr, 0) + 4096;;) {   // (it may grow between the calls: a rail's new error)
+    j.assign(need, '\0');
+    const size_t n = fn(j.data(), j.size());
+    if (n < j.size()) {
+      j.resize(n);
+      break;
+    }
+    need = n + 4096;
+  }
+  std::printf("harness: health %s\n", j.c_str());
+}
+
 // --case loop: the ring's all-reduce and all-gather (--collective ring; allreduce: the
 // all-reduce alone, whose median time bench/testbed_nccl.sh sets beside its ring bound), an all-to-all over
 // connections to every rank (alltoall) or both, over and over for --seconds, every iteration
@@ -809,6 +831,7 @@ void case_loop(uint64_t seed, double seconds, const std::string& coll, bool expe
     if (fetch("continue." + std::to_string(it)) == "0") break;
   }
   const double ran = now_s() - start;
+  print_health();
   for (auto& ring : rings) ring->release();
   if (mesh) mesh->release();
   barrier("loop-done");
