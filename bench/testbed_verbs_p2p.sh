@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # bench p2p over RDMA verbs beside sockets, on the same Soft-RoCE NICs of the verbs test bed
 # (jax-r2ccl testbed vm: two emulated guests, NICS NICs each), in one run: rows r2ccl-socket
-# and r2ccl-ibverbs, each with CPU seconds per GB. Root; boots the bed if it is not up and
+# and r2ccl-ibverbs (frames through the bounce buffers), and the same with registered buffers
+# (r2ccl-<T>-zc: verbs moves them by one-sided writes), each with CPU seconds per GB. Root; boots the bed if it is not up and
 # leaves it as it found it. Every row has copies/B: payload bytes the transport copied on
 # the CPU per byte, sender + receiver. Settings: NICS (2), SIZES (64KiB,1MiB,16MiB), ITERS (5),
 # PY (the Python with jax_r2ccl installed; default: python3 on PATH), OUT (a folder: the
@@ -23,7 +24,7 @@ try:
         mine = ",".join(f"198.18.{k}.{g + 1}" for k in range(nics))
         cmd = (f"cd /tmp && {py} -m jax_r2ccl bench p2p --coordinator 198.18.0.1:45123 --num-processes 2 "
                f"--process-id {g} --nics {mine} --sizes {sizes} --iters {iters} --warmup 1 --no-baselines "
-               f"--transports socket,ibverbs --timeout 300 --json /tmp/verbs_p2p.json")
+               f"--transports socket,ibverbs --zero-copy --timeout 300 --json /tmp/verbs_p2p.json")
         if g == 0:   # the guests' / is the host's, read-only: the JSON comes back on stdout
             cmd += f" ; rc=$? ; echo '{MARK}' ; cat /tmp/verbs_p2p.json ; exit $rc"
         ids.append(vm.submit(g, cmd, 900))

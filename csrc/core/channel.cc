@@ -328,7 +328,12 @@ size_t ChannelCore::request_acks(int64_t now) {
 
 // ---------------------------------------------------------------- dealing and acks
 
-bool ChannelCore::next_chunk(Chunk* c, uint64_t max_len) {
+bool ChannelCore::awaits_advert(const Request& req, int64_t now) const {
+  return req.registered && !req.eager && req.next_offset == 0 && ch.peer_advertises &&
+         now - req.posted_ns < set_.advert_wait_ns && !ch.adverts.count({req.tag, req.tag_seq});
+}
+
+bool ChannelCore::next_chunk(Chunk* c, uint64_t max_len, int64_t now) {
   while (!ch.retx.empty()) {
     *c = std::move(ch.retx.front());
     ch.retx.pop_front();
@@ -342,10 +347,14 @@ bool ChannelCore::next_chunk(Chunk* c, uint64_t max_len) {
     }
     return true;
   }
-  while (!ch.sendq.empty()) {
-    auto& req = ch.sendq.front();
+  for (auto it = ch.sendq.begin(); it != ch.sendq.end();) {
+    auto req = *it;
     if (req->cancelled || req->undeliverable) {
-      ch.sendq.pop_front();
+      it = ch.sendq.erase(it);
+      continue;
+    }
+    if (awaits_advert(*req, now)) {   // the next message goes meanwhile
+      ++it;
       continue;
     }
     uint64_t len = std::min<uint64_t>(max_len, req->len - req->next_offset);
@@ -359,7 +368,7 @@ bool ChannelCore::next_chunk(Chunk* c, uint64_t max_len) {
     req->chunks_cut++;
     if (req->next_offset == req->len) {
       req->fully_cut = true;
-      ch.sendq.pop_front();
+      ch.sendq.erase(it);
     }
     return true;
   }
@@ -397,7 +406,7 @@ void ChannelCore::pump(int64_t now) {
     if (!best) return;
     Rail& r = *best;
     Chunk c;
-    if (!next_chunk(&c, r.pace.chunk())) return;
+    if (!next_chunk(&c, r.pace.chunk(), now)) return;
     if (c.void_) {
       c.len = 0;
       c.offset = 0;
@@ -781,6 +790,8 @@ void ChannelCore::control_frame(Rail& r, int64_t now) {
         }
       }
       ch.adverts[key] = std::move(a);
+      ch.peer_advertises = true;
+      pump(now);   // a send that waited for it goes now
       return;
     }
     case FrameType::kBye:
@@ -1181,6 +1192,7 @@ void ChannelCore::tick(int64_t now, const std::vector<int64_t>& nic_drain_ns) {
     return;
   }
   expire(now);
+  if (!ch.sendq.empty()) pump(now);   // sends whose wait for an advert ran out (awaits_advert)
 }
 
 // Every rail has been down: requests older than R2CCL_TIMEOUT (counted from when the last

@@ -193,6 +193,7 @@ struct Channel {
   // at most kMaxAdverts are kept (an advert dropped only costs its message the copy path).
   std::map<std::pair<uint64_t, uint32_t>, AdvertBody> adverts;
   std::deque<std::pair<uint64_t, uint32_t>> advert_order;
+  bool peer_advertises = false;                    // an advert came: registered sends wait for theirs
 
   // receive direction
   uint64_t rx_cum = 1;                             // every seq below has been applied
@@ -269,6 +270,12 @@ class RailIo {
 
 // The most adverts a channel keeps (an advert whose message went by copy is never used).
 inline constexpr size_t kMaxAdverts = 1024;
+// A send from registered memory to a peer that advertises its receives waits this long (and at
+// most until the engine's next tick after it) for its own receive's advert before it goes in
+// frames: a receive posted a moment after the send still gets the whole message by one-sided
+// writes. NCCL's IB transport waits for its receiver's FIFO entry without a bound; a bound
+// keeps a receiver that posts late, or posts unregistered memory, from holding the sender.
+inline constexpr int64_t kAdvertWaitNs = 2 * 1000000LL;
 
 // The most payload the engine reads from one rail before it turns to the others (the read
 // pass; engine_rail_io.cc), and the data a rail reads before its acks go out even though it
@@ -291,6 +298,7 @@ struct ChannelSettings {
   uint64_t eager_held_bytes = kEagerHeldBytes;   // most bytes of eager copies awaiting acks
   uint64_t lazy_ack_bytes = 16 << 10;       // eager bytes whose acks wait at most
   uint64_t read_pass_bytes = kReadPassBytes;  // data bytes read before acks go out undrained
+  int64_t advert_wait_ns = kAdvertWaitNs;      // a registered send waits this long for its advert
   static ChannelSettings from(const Config& cfg);
 };
 
@@ -366,7 +374,10 @@ class ChannelCore {
  private:
   void queue_ctrl(Rail& r, FrameType t, std::vector<uint8_t> payload, uint64_t seq = 0, uint8_t flags = 0);
   void queue_heartbeat(Rail& r, int64_t now, const uint8_t* echoed);
-  bool next_chunk(Chunk* c, uint64_t max_len);
+  bool next_chunk(Chunk* c, uint64_t max_len, int64_t now);
+  // A registered send not yet begun, to a peer that advertises, whose advert is not here yet
+  // and may still come (ChannelSettings::advert_wait_ns).
+  bool awaits_advert(const Request& req, int64_t now) const;
   void on_ack(uint64_t first, uint64_t last, int64_t now);
   void post_recv(const std::shared_ptr<Request>& req);
   void advertise(const std::shared_ptr<Request>& req);

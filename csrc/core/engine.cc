@@ -935,6 +935,7 @@ void Engine::do_submit(const std::shared_ptr<Request>& req) {
   }
   open_peer(*it->second);   // connections on demand: the first request opens the peer's rails
   if (req->len > 0 && !req->reg) req->reg = registration_for(req->buf, req->len);
+  req->registered = req->reg != nullptr;
   it->second->core->submit(req, now_ns());
 }
 

@@ -73,6 +73,7 @@ struct Request {
   // Registered memory holding the whole buffer (Endpoint::register_memory), found when posted:
   // kept registered while this request lives. Null: its chunks travel in frames.
   std::shared_ptr<Registration> reg;
+  bool registered = false;      // `reg` is set: a send may wait briefly for its receiver's advert
   // send, eager (R2CCL_EAGER_BYTES): finished when copied; its chunks are read from `copy`,
   // which lives until every chunk is acknowledged. `undeliverable`: every rail stayed down
   // past R2CCL_TIMEOUT, so the message is abandoned (its chunks go as abort marks).

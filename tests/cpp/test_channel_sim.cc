@@ -145,6 +145,8 @@ class Sim {
     // a socket rail beside verbs ones).
     writes_ = rng_.chance(0.5);
     for (int r = 0; r < kRailsMax; r++) rail_writes_[r] = writes_ && rng_.chance(0.75);
+    // Registered sends wait for their advert: not at all, or up to 20 ms (simulated).
+    set_.advert_wait_ns = rng_.chance(0.5) ? 0 : static_cast<int64_t>(1 + rng_.below(20)) * kMs;
     if (rest_ns >= 0) {
       writes_ = false;
       rails_ = 2;
@@ -620,6 +622,7 @@ class Sim {
 
   void post_send(Msg& m) {
     m.send = std::make_shared<Request>(Request::kSend, 1 - m.dir, m.tag, m.src.data(), m.len);
+    m.send->registered = writes_ && rng_.chance(0.8);
     Msg* mp = &m;
     m.send->on_finish = [mp] { mp->send_finishes++; };
     core_[m.dir]->submit(m.send, now_);

@@ -43,6 +43,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--transports", default="", metavar="T[,T...]",
                    help="also run jax_r2ccl with each of these R2CCL_TRANSPORT values (socket, ibverbs), "
                         "rows r2ccl-<T>, on the same NICs in the same run: verbs beside sockets")
+    p.add_argument("--zero-copy", action="store_true",
+                   help="also run each --transports row with its buffers registered (Endpoint.register_memory): "
+                        "rows r2ccl-<T>-zc, where verbs moves data by one-sided writes with no copy")
     p.add_argument("--io-threads", default="", metavar="N[,N...]",
                    help="also run r2ccl over the same rails with R2CCL_IO_THREADS=N for each N given "
                         "(impl r2ccl-ioN): socket I/O threads side by side in one run")
@@ -135,9 +138,10 @@ class Runner:
     # receive, says "go" and waits for every byte.
 
     def run_impl(self, impl: str, send, recv, sender_sync, receiver_sync, rails_fn, arm_fault: bool,
-                 per_iter_rails=None, copied_fn=None) -> None:
+                 per_iter_rails=None, copied_fn=None, register_fn=None, deregister_fn=None) -> None:
         """copied_fn (r2ccl only): () -> (tx, rx) payload bytes the transport copied on the CPU so far
-        (RailStats tx_copied_bytes / rx_copied_bytes), for each row's copies per byte."""
+        (RailStats tx_copied_bytes / rx_copied_bytes), for each row's copies per byte.
+        register_fn: registers each size's buffer (r2ccl-<T>-zc rows; deregister_fn after it)."""
         a = self.args
         largest = max(a.sizes)
         for size in a.sizes:
@@ -148,6 +152,7 @@ class Runner:
             else:
                 buf, expect = pat.buffer(), pat.buffer()
                 data, expect_b = pat.view(buf), pat.view(expect)
+            reg_id = register_fn(buf) if register_fn and size > 0 else None
             times, wrong, failed = [], 0, None
             cpu = [0.0, 0.0]    # this process's CPU (all threads) during the timed transfers
             rails_before = rails_fn() if (rails_fn and self.role == "recv") else None
@@ -220,6 +225,8 @@ class Runner:
                                                     "time_us": None, "wrong": 1, "pair": self.pair,
                                                     "error": failed})
                     break
+            if reg_id is not None:
+                deregister_fn(reg_id)
             copies = None
             if copied_fn and moved:
                 after = copied_fn()
@@ -266,7 +273,7 @@ class Runner:
         e["wall"] += wall
         thread_cpu_delta(before, thread_cpu(), e["roles"])
 
-    def run_r2ccl(self, impl: str, nics: list[str], arm_fault: bool, **overrides) -> None:
+    def run_r2ccl(self, impl: str, nics: list[str], arm_fault: bool, register: bool = False, **overrides) -> None:
         from ...transport.bootstrap import connect_jax
         from ...config import Config
         a = self.args
@@ -303,7 +310,9 @@ class Runner:
                 self.fault = self._make_fault(ep)
             if self.role != "idle":
                 self.run_impl(impl, send, recv, sender_sync, receiver_sync, rail_rx, arm_fault,
-                              per_iter_rails=rail_rx, copied_fn=copied)
+                              per_iter_rails=rail_rx, copied_fn=copied,
+                              register_fn=ep.register_memory if register else None,
+                              deregister_fn=ep.deregister_memory)
             if self.fault and arm_fault:
                 self.fault.join(timeout=a.timeout)
             self.dist.barrier(f"{a.prefix}/{impl}/done")
@@ -797,6 +806,8 @@ def main(args: argparse.Namespace) -> int:
         run.run_r2ccl("r2ccl", nics, arm_fault=True)
         for t in transports:
             run.run_r2ccl(f"r2ccl-{t}", nics, arm_fault=False, transport=t)
+            if args.zero_copy:
+                run.run_r2ccl(f"r2ccl-{t}-zc", nics, arm_fault=False, register=True, transport=t)
         for n in io_sweep:
             run.run_r2ccl(f"r2ccl-io{n}", nics, arm_fault=False, io_threads=n)
         if args.thread_baseline:
