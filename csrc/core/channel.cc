@@ -1003,6 +1003,7 @@ bool ChannelCore::tell_fences(Rail& r, const Chunk& c) {
 void ChannelCore::cancel(const std::shared_ptr<Request>& req, Cause cause, const std::string& why, int64_t now) {
   if (req->finished()) return;
   req->cancelled = true;
+  std::vector<int> writing;
   if (req->kind == Request::kRecv) {    for (auto p = ch.posted.begin(); p != ch.posted.end();) p = p->second == req ? ch.posted.erase(p) : std::next(p);
     for (auto& [id, m] : ch.inmsgs)
       if (m.req == req) {
@@ -1012,17 +1013,22 @@ void ChannelCore::cancel(const std::shared_ptr<Request>& req, Cause cause, const
         m.chunks.clear();
       }
   } else {
-    abandon_send(req, now);
+    writing = abandon_send(req);
   }
   end_request(req, cause, why);
+  // A one-sided write the NIC may still be reading from the caller's buffer: its rail fails now
+  // (its link's end goes to error before cancel returns). After the request failed, so that
+  // the abort marks this deals say why (kFlagAbortMismatch).
+  for (int rail : writing)
+    fail_rail(rail, FailReason::kAbandoned, "a one-sided write of a cancelled send was in flight", now);
   pump(now);
 }
 
-void ChannelCore::abandon_send(const std::shared_ptr<Request>& req, int64_t now) {
+std::vector<int> ChannelCore::abandon_send(const std::shared_ptr<Request>& req) {
   // Frames being written keep their bytes (copied: the caller gets its buffer back; an
   // eager send's copy stays until acknowledged); unsent chunks become abort marks. A one-sided
-  // write the NIC may still be reading from the caller's buffer is stopped by failing its rail
-  // (the link's end goes to error before cancel returns); its chunk goes again, as an abort mark.
+  // write the NIC may still be reading from the caller's buffer cannot be copied: its rail is
+  // returned, for the caller to fail (its chunk goes again, as an abort mark).
   std::vector<int> writing;
   if (!req->eager)
     for (auto& r : ch.rails)
@@ -1061,13 +1067,12 @@ void ChannelCore::abandon_send(const std::shared_ptr<Request>& req, int64_t now)
   }
   ch.sends.erase(std::remove(ch.sends.begin(), ch.sends.end(), req), ch.sends.end());
   forget_advert(*req);
-  for (int rail : writing)
-    fail_rail(rail, FailReason::kAbandoned, "a one-sided write of a cancelled send was in flight", now);
+  return writing;
 }
 
 void ChannelCore::own_payload(Rail& r) {
   // A written frame reads registered memory only: acknowledged, its write is done (the header
-  // arrives after the payload); a cancelled send's is stopped by failing its rail (abandon_send).
+  // arrives after the payload); a cancelled send's is stopped by failing its rail (cancel).
   if (r.cur.written) return;
   if (r.cur.payload_len == 0 || r.cur.payload == r.cur.owned.data()) return;
   r.cur.owned.assign(r.cur.payload, r.cur.payload + r.cur.payload_len);
@@ -1219,7 +1224,7 @@ void ChannelCore::expire(int64_t now) {
   for (auto& req : std::vector<std::shared_ptr<Request>>(ch.eager_sends)) {
     if (req->undeliverable || now - std::max(req->posted_ns, ch.all_down_since) <= set_.timeout_ns) continue;
     req->undeliverable = true;
-    abandon_send(req, now);
+    abandon_send(req);   // (an eager send: never written)
     if (lost++ == 0)
       first = std::to_string(req->len) + " bytes, tag " + std::to_string(req->tag);
   }

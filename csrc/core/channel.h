@@ -399,7 +399,8 @@ class ChannelCore {
   void expire(int64_t now);
   // A send's chunks not yet acknowledged become abort marks (the receiver learns the message
   // is abandoned; sequence numbers stay dense). A cancel, or an eager send undeliverable.
-  void abandon_send(const std::shared_ptr<Request>& req, int64_t now);
+  // Returns the rails whose frame being written is a one-sided write of it (to be failed).
+  std::vector<int> abandon_send(const std::shared_ptr<Request>& req);
   void eager_acked(const std::shared_ptr<Request>& req);
   // The data frame being written on `r` takes a copy of its payload (cur.owned): the buffer
   // it pointed into is about to go back to its caller (or be freed).
