@@ -1197,6 +1197,7 @@ uint64_t Engine::register_memory(const void* base, size_t len) {
   auto reg = std::make_shared<Registration>(base, len, *transports_, nics_);
   std::lock_guard<std::mutex> g(reg_mu_);
   regs_[++next_reg_] = std::move(reg);
+  by_base_.emplace(reinterpret_cast<uintptr_t>(base), next_reg_);
   return next_reg_;
 }
 
@@ -1209,13 +1210,25 @@ void Engine::deregister_memory(uint64_t id) {
       throw Error(Cause::kInvalidArgument, -1, "deregister_memory of id " + std::to_string(id) + ", which is not registered");
     gone = std::move(it->second);
     regs_.erase(it);
+    auto range = by_base_.equal_range(reinterpret_cast<uintptr_t>(gone->base()));
+    for (auto b = range.first; b != range.second; ++b)
+      if (b->second == id) {
+        by_base_.erase(b);
+        break;
+      }
   }
 }
 
 std::shared_ptr<Registration> Engine::registration_for(const void* p, size_t n) {
   std::lock_guard<std::mutex> g(reg_mu_);
-  for (auto& [id, reg] : regs_)
+  // The registrations that start at or below p, nearest first: with disjoint ones (NCCL's) the
+  // first decides; overlapping ones are looked through a few deep, then the request goes in frames.
+  auto it = by_base_.upper_bound(reinterpret_cast<uintptr_t>(p));
+  for (int k = 0; k < 16 && it != by_base_.begin(); k++) {
+    --it;
+    const auto& reg = regs_.at(it->second);
     if (reg->covers(p, n)) return reg;
+  }
   return nullptr;
 }
 

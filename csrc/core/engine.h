@@ -261,8 +261,9 @@ class Engine {
   WireLimits limits_{};
   bool rate_faults_seen_ = false;   // engine thread: a rate fault was injected (Link::next_tx_ns in use)
   std::unique_ptr<NicTransports> transports_;   // each local NIC's transport (R2CCL_TRANSPORT)
-  std::mutex reg_mu_;                             // guards regs_ and next_reg_
+  std::mutex reg_mu_;                             // guards regs_, by_base_ and next_reg_
   std::map<uint64_t, std::shared_ptr<Registration>> regs_;   // by id
+  std::multimap<uintptr_t, uint64_t> by_base_;                // id by start address (registration_for)
   uint64_t next_reg_ = 0;
   // The transport of rail `r` (its local NIC's; add_peer made sure the peer's NIC agrees).
   Transport& rail_transport(const Rail& r) const { return transports_->of(static_cast<size_t>(r.local_nic)); }
