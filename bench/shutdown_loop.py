@@ -32,9 +32,14 @@ CORRUPT = re.compile(r"corrupted|double free|free\(\)|AddressSanitizer|Fatal Pyt
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """Below the ephemeral range, as the tests pick it (the baseline's venv may lack the helper)."""
+    try:
+        from jax_r2ccl.tools.launch import coordinator_port
+    except ImportError:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return s.getsockname()[1]
+    return coordinator_port()
 
 
 def one_run(python: str, limit_s: float, logdir: str, tag: str) -> dict:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import faulthandler
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -34,9 +33,9 @@ from harness import RankFailed, wait_all  # noqa: E402  (one launcher for both k
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """The coordinator's port: one picked below the ephemeral range (see coordinator_port)."""
+    from jax_r2ccl.tools.launch import coordinator_port
+    return coordinator_port()
 
 
 def _package_parent() -> str:
@@ -46,7 +45,8 @@ def _package_parent() -> str:
 
 # jax.distributed's coordinator could not be reached at start (its port, picked free a moment
 # before, was taken meanwhile, or the 2 cores were too busy to answer): nothing of the test ran.
-_STARTUP_FAILURES = ("CoordinationService/RegisterTask", "Failed to bind", "Address already in use")
+_STARTUP_FAILURES = ("CoordinationService/RegisterTask", "Failed to bind", "Address already in use",
+                     "Failed to start RPC server", "Failed to add port")
 
 
 def _platform_env(platform: str, local: int, world: int) -> dict:

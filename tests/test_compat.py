@@ -2,18 +2,12 @@
 if a JAX release moves it, this test says so first."""
 
 import os
-import socket
 import subprocess
 import sys
 import textwrap
 
 
-def _free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
+from jax_rank_main import _free_port  # noqa: E402
 
 
 def test_jax_distributed_key_value_store_round_trip():

@@ -885,7 +885,7 @@ def host_kind_mismatch(ep, rank, world, n=99_999, other="reduce_scatter"):
 
 
 def staged_collective(ep, rank, world, cases, local=1, chunk_bytes=4096, pool_bytes=1 << 20, depth=3, fault=None,
-                      rate=None, fail_copy=None, repeat=1, device_fold=True, small=True, reserve=0):
+                      rate=None, fail_copy=None, repeat=1, device_fold=True, small=True, reserve=0, register=True):
     """The platform-neutral chunk pipeline (csrc/stage) that the CUDA platform runs, with
     memcpy standing in for the copy engine: each local rank on its own thread hands its part
     to the process's runtime through _core.testing_staged_call, like a GPU's launch thread.
@@ -895,6 +895,8 @@ def staged_collective(ep, rank, world, cases, local=1, chunk_bytes=4096, pool_by
     small: calls that fit the pool's small area take the small path (one read with the group
     and rank, no pipeline), as the CUDA handler does; a list gives it per process.
     reserve: slots each pool allocates before the first call (the GPU's pool reserves 3).
+    register: the pools' buffers are registered with the endpoint, as on a GPU (False: the
+    copy path, the baseline of the zero-copy rows).
     Returns the mismatches, every call's error, chunk counts, which calls took the small path
     and the pools' statistics."""
     import ml_dtypes  # noqa: F401
@@ -916,6 +918,7 @@ def staged_collective(ep, rank, world, cases, local=1, chunk_bytes=4096, pool_by
                 for s in ep.rail_stats(peer):
                     ep.inject(peer, s["rail"], "rate", rate)
     bad, errors, chunks, allocations, folded, smalls = [], [], [], [], [], []
+    first = None
     timer = None
     try:
         for rep in range(repeat):
@@ -937,7 +940,7 @@ def staged_collective(ep, rank, world, cases, local=1, chunk_bytes=4096, pool_by
                         res[r] = _core.testing_staged_call(
                             comm_id, 0, r, 1000 + rep, i + 1, kind, np.dtype(dtype).name, op, root,
                             ins[r].view(np.uint8), outs[r].view(np.uint8), pools[r], chunk_bytes, depth, fb,
-                            float(ep.config.timeout_s), device_fold, my_small)
+                            float(ep.config.timeout_s), device_fold, my_small, register)
                     except R2cclError as e:
                         errs[r] = {"error": str(e), "cause": e.cause, "peer": e.peer}
 
@@ -961,6 +964,8 @@ def staged_collective(ep, rank, world, cases, local=1, chunk_bytes=4096, pool_by
                         diff = int(np.count_nonzero(o.view(np.uint8) != want.view(np.uint8)))
                         bad.append({"case": [kind, dtype, op, count, root], "rank": r, "bytes_differing": diff})
             allocations.append({r: pools[r].stats()["allocations"] for r in my_ranks})
+            if rep == 0:   # the rails' counters after the first round (its set-up and warm-up)
+                first = {p: _stats_summary(ep, p) for p in range(world) if p != rank}
         if timer:
             timer.join()
         stats = {p: _stats_summary(ep, p) for p in range(world) if p != rank}
@@ -969,7 +974,7 @@ def staged_collective(ep, rank, world, cases, local=1, chunk_bytes=4096, pool_by
         _core.runtime_uninstall()
         ex.close()
     return {"bad": bad, "errors": errors, "chunks": chunks, "allocations": allocations, "folded": folded, "small": smalls,
-            "pools": {r: pools[r].stats() for r in my_ranks}, "stats": stats}
+            "pools": {r: pools[r].stats() for r in my_ranks}, "stats": stats, "stats_after_first": first}
 
 
 def caller_path_order(ep, rank, world, rounds=200):

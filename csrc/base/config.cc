@@ -48,6 +48,7 @@ std::string Config::validate() const {
   if (eager_bytes > kEagerBytesMax)
     return bad("R2CCL_EAGER_BYTES", "must be 0.." + std::to_string(kEagerBytesMax));
   if (sync_wait_us < 0 || sync_wait_us > 1000000) return bad("R2CCL_SYNC_WAIT_US", "must be 0..1000000");
+  if (advert_wait_ms < 0 || advert_wait_ms > 60000) return bad("R2CCL_ADVERT_WAIT_MS", "must be 0..60000");
   if (staging_chunk_bytes < kStagingChunkMin || staging_chunk_bytes > kStagingChunkMax)
     return bad("R2CCL_STAGING_CHUNK_BYTES",
                "must be between " + std::to_string(kStagingChunkMin) + " and " + std::to_string(kStagingChunkMax));

@@ -92,6 +92,7 @@ struct Config {
   std::string algo = "auto";                 // R2CCL_ALGO: collective algorithm (coll::kAlgoNames; checked there)
   int max_peers = 16;                        // R2CCL_MAX_PEERS: auto runs the ring past this many direct peers
   uint64_t eager_bytes = 32 << 10;           // R2CCL_EAGER_BYTES: sends up to this size complete when copied (0: when acked)
+  int advert_wait_ms = 2;                    // R2CCL_ADVERT_WAIT_MS: a registered send waits this long for its receive's advert
   int poll_us = 250;                         // R2CCL_POLL_US: a small request's waiter polls the network itself this long
   int sync_wait_us = 1000;                   // R2CCL_SYNC_WAIT_US: XLA's thread waits this long for a lone small collective
   uint64_t staging_bytes = 32 << 20;         // R2CCL_STAGING_BYTES: pinned host staging per GPU (bound of its pool)

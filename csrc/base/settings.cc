@@ -169,6 +169,12 @@ std::vector<Setting> build_table() {
        "While " + size_text(kEagerHeldBytes) + " of copies to one peer await acks, further sends complete when "
        "acknowledged. "
        "0: every send completes when acknowledged."},
+      {"R2CCL_ADVERT_WAIT_MS", "advert_wait_ms", SettingKind::kInt, &Config::advert_wait_ms,
+       std::string() + "RDMA rails, registered memory (the NCCL plugin's buffers, the GPU staging pool, "
+       "Endpoint.register_memory): a send waits this long after it was posted for the peer to advertise its "
+       "receive, then writes straight into it (no copies); a receive posted later than that gets the send in "
+       "frames, copied once on each side. Longer waits trade a straggling peer's copies for a sender held "
+       "back that long (never past the receive's arrival). 0: only receives already advertised are written."},
       {"R2CCL_POLL_US", "poll_us", SettingKind::kInt, &Config::poll_us,
        std::string() + "Small sends and receives (<= " + size_text(kCallerPathMaxBytes) + ") take the caller's path: a send leaves "
        "from the "

@@ -305,7 +305,7 @@ class Executor::Op {
     return static_cast<int>(msgs_.size()) - 1;
   }
   uint8_t* temp(uint64_t bytes) {
-    temps_.emplace_back(bytes);
+    temps_.push_back(ex_->scratch().take(bytes));
     return temps_.back().data();
   }
   uint8_t* at(const void* base, uint64_t elems) const {
@@ -993,7 +993,7 @@ class Executor::Op {
   std::vector<Msg> msgs_;
   std::vector<Piece> pieces_;
   std::vector<Copy> final_copies_;
-  std::deque<std::vector<uint8_t>> temps_;
+  std::deque<ScratchCache::Block> temps_;   // registered with the endpoint from 64 KiB up
   Sig my_sig_{};
   struct SigMsg {
     int msg;                 // message index
@@ -1018,6 +1018,7 @@ class Executor::Op {
 Executor::Executor(std::shared_ptr<Endpoint> ep, int my_process, CollectiveOptions opt)
     : ep_(std::move(ep)), my_process_(my_process), opt_(opt), waker_(std::make_shared<Waker>()) {
   if (!ep_) throw Error(Cause::kInvalidArgument, -1, "the collective executor needs an endpoint");
+  scratch_ = std::make_shared<ScratchCache>(ep_);
   waker_->ex = this;
   if (!parse_plan(ep_->config().plan, &opt_.plan))
     throw Error(Cause::kInvalidArgument, -1, "R2CCL_PLAN=" + ep_->config().plan + " is not a plan");

@@ -28,6 +28,7 @@
 #include "base/in_flight.h"
 #include "coll/plan.h"
 #include "coll/reduce.h"
+#include "coll/scratch.h"
 #include "core/endpoint.h"
 
 namespace r2ccl::coll {
@@ -114,6 +115,8 @@ class Executor : public std::enable_shared_from_this<Executor> {
   // The most collectives this executor held in flight at once since it started (any thread).
   size_t peak_in_flight() const { return peak_active_.load(); }
   int my_process() const { return my_process_; }
+  // The collectives' scratch (coll/scratch.h): reused, and registered for one-sided writes.
+  ScratchCache& scratch() { return *scratch_; }
   // Waits until no call submitted here is still running, at most `timeout_s`; returns how
   // many still run (0: idle). Calls submitted meanwhile are waited for too. Any thread but
   // the endpoint's engine thread.
@@ -157,6 +160,7 @@ class Executor : public std::enable_shared_from_this<Executor> {
     Executor* ex = nullptr;
   };
   std::shared_ptr<Waker> waker_;
+  std::shared_ptr<ScratchCache> scratch_;
   std::deque<std::shared_ptr<Op>> incoming_;
   InFlight unfinished_;   // calls submitted and not finished (drain())
   std::thread thread_;

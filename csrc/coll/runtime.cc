@@ -20,7 +20,21 @@ uint64_t hash_combine(uint64_t h, uint64_t v) {
   h *= 0xBF58476D1CE4E5B9ull;
   return h ^ (h >> 29);
 }
+uint64_t next_serial() {
+  static std::atomic<uint64_t> n{0};
+  return ++n;
+}
 }  // namespace
+
+bool Runtime::register_memory(const void* p, size_t bytes) {
+  try {
+    ep_->register_memory(p, bytes);   // held until the endpoint is destroyed
+    return true;
+  } catch (const Error& e) {
+    R2_WARN("staging memory (%zu bytes) stays unregistered, so it moves by copies: %s", bytes, e.what());
+    return false;
+  }
+}
 
 std::shared_ptr<Runtime> Runtime::current() {
   std::lock_guard<std::mutex> g(g_mu);
@@ -44,7 +58,7 @@ void Runtime::uninstall(const Runtime* rt) {
 }
 
 Runtime::Runtime(std::shared_ptr<Endpoint> ep, std::shared_ptr<Executor> ex, int my_process, double timeout_s)
-    : ep_(std::move(ep)), ex_(std::move(ex)), my_process_(my_process), timeout_s_(timeout_s) {
+    : ep_(std::move(ep)), ex_(std::move(ex)), serial_(next_serial()), my_process_(my_process), timeout_s_(timeout_s) {
   if (!ep_ || !ex_) throw Error(Cause::kInvalidArgument, -1, "the collective runtime needs an endpoint and an executor");
   watch_ = std::thread([this] { watchdog(); });
 }

@@ -96,6 +96,13 @@ class Runtime : public std::enable_shared_from_this<Runtime> {
   std::vector<int> local_ranks(const DeviceCall& call) const;
   int my_process() const { return my_process_; }
   const Config& config() const;
+  // Registers memory that outlives the endpoint (a device's staging pool) for one-sided
+  // writes, for the endpoint's life (Endpoint::register_memory). False where it cannot
+  // (logged): those bytes then move by copies.
+  bool register_memory(const void* p, size_t bytes);
+  // Distinct for every runtime the process makes (never 0): a staging pool registered with
+  // one runtime's endpoint registers again with the next one's.
+  uint64_t serial() const { return serial_; }
 
  private:
   struct Comm {
@@ -127,6 +134,7 @@ class Runtime : public std::enable_shared_from_this<Runtime> {
 
   std::shared_ptr<Endpoint> ep_;
   std::shared_ptr<Executor> ex_;
+  const uint64_t serial_;
   bool closed_ = false;   // under mu_
   int my_process_;
   double timeout_s_;

@@ -71,6 +71,7 @@ ChannelSettings ChannelSettings::from(const Config& cfg) {
   s.pace.min_window = 2 * kMinChunkBytes;
   s.pace.target_ns = cfg.rail_queue_ms * kMs;
   s.eager_bytes = cfg.eager_bytes;
+  s.advert_wait_ns = static_cast<int64_t>(cfg.advert_wait_ms) * kMs;
   s.eager_held_bytes = kEagerHeldBytes;
   // Half the smallest window a rail can have: a sender held back by its window is never
   // waiting for acks the receiver holds back.
@@ -194,6 +195,11 @@ void ChannelCore::rail_up(int rail, int64_t now) {
   r.inflight = 0;
   ch.all_down_since = 0;
   pump(now);
+}
+
+void ChannelCore::greet(int rail, int64_t now) {
+  Rail& r = *ch.rails[static_cast<size_t>(rail)];
+  if (r.state == RailState::kUp) queue_heartbeat(r, now, nullptr);
 }
 
 void ChannelCore::set_paused(int rail, bool paused, int64_t now) {

@@ -387,7 +387,7 @@ bool Peer::advertise(const Request& recv, AdvertBody* out) {
 
 bool Peer::writes(int rail, const Request& send, uint64_t len) {
   const Link& l = *links[static_cast<size_t>(rail)];
-  return send.reg && l.link && len <= l.link->max_write_bytes() &&
+  return send.reg && l.link && l.peer_trusts && len <= l.link->max_write_bytes() &&
          send.reg->on(eng->rail_transport(this->rail(rail))) != nullptr;
 }
 
@@ -414,6 +414,7 @@ void Engine::set_link(Link& l, std::unique_ptr<FrameLink> link) {
     l.copied_before.rx += c.rx;
   }
   l.link = std::move(link);
+  l.peer_trusts = false;
   l.generation++;
   l.posted = false;
   l.piece_posted = false;

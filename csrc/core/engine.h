@@ -71,6 +71,10 @@ struct Link {
   int64_t attempt_deadline_ns = 0;
   int64_t next_attempt_ns = 0;
   bool refused = false;            // the last connect attempt was actively refused
+  // The peer's end of this link accepts one-sided writes: it trusted us (Engine::link_up)
+  // before the frame that proved it (the connector: the welcome; the acceptor: the
+  // connector's first frame after it). Until then chunks on this link go in frames.
+  bool peer_trusts = false;
   Fault fault = Fault::kNone;
   FrameLink::CopiedBytes copied_before;   // payload bytes the rail's earlier links copied (RailStats)
   double rate_bps = 0, tokens = 0;
@@ -230,7 +234,7 @@ class Engine {
   // links: dialling, the connector's handshake, bytes in and out
   void start_connect(Peer& pr, Link& l);
   void attempt_failed(Peer& pr, Link& l, const std::string& why, bool refused);
-  void link_up(Peer& pr, Link& l);
+  void link_up(Peer& pr, Link& l, bool peer_trusts);   // peer_trusts: see Link::peer_trusts
   void handshake_frame(Peer& pr, Link& l);
   void rail_readable(Peer& pr, Link& l);
   void rail_writable(Peer& pr, Link& l);

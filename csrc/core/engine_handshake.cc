@@ -208,6 +208,8 @@ void Engine::admit(Pending& p) {
   if (nic_down_[static_cast<size_t>(r.local_nic)])
     return pending_reject(p, "rail " + std::to_string(idx) + " runs over NIC " + nics_[r.local_nic].name +
                                  ", which is held down: " + nic_down_why_[static_cast<size_t>(r.local_nic)]);
+  // The connector writes as soon as it reads the welcome: trust it first.
+  p.link->trust_peer();
   TxFrame f;
   encode_control(&f, FrameType::kWelcome, {});
   if (!send_at_once(*p.link, f)) return pending_reject(p, "could not send welcome");
@@ -220,7 +222,7 @@ void Engine::admit(Pending& p) {
   l.events = EPOLLIN;
   epoll_mod(l.link->wait_fd(), &l.poll, EPOLLIN);
   p.dead = true;
-  link_up(pr, l);
+  link_up(pr, l, false);   // the connector trusts us when it reads the welcome: its next frame says so
 }
 
 // ---------------------------------------------------------------- connector side
@@ -268,10 +270,12 @@ void Engine::attempt_failed(Peer& pr, Link& l, const std::string& why, bool refu
   R2_INFO("%s: connection attempt failed: %s", pr.core->rail_name(l.index).c_str(), why.c_str());
 }
 
-void Engine::link_up(Peer& pr, Link& l) {
+void Engine::link_up(Peer& pr, Link& l, bool peer_trusts) {
   l.refused = false;
   l.link->trust_peer();   // the secret is proven both ways: the peer may write into what we advertise
+  l.peer_trusts = peer_trusts;
   pr.core->rail_up(l.index, now_ns());
+  if (peer_trusts) pr.core->greet(l.index, now_ns());   // the connector's first frame: see Link::peer_trusts
   set_interest(l);
 }
 

@@ -154,6 +154,7 @@ void Engine::rail_readable(Peer& pr, Link& l) {
       std::string bad = decode_header(rx.hdr, limits_, &rx.h);
       if (!bad.empty()) return pr.core->fail_rail(l.index, FailReason::kProtocol, "protocol error: " + bad, now);
       if (r.state == RailState::kUp) {
+        l.peer_trusts = true;   // sent after the peer's link_up (see Link::peer_trusts)
         if (!pr.core->on_header(l.index, now) || gone()) return;
       } else if (rx.h.type == FrameType::kData) {
         return pr.core->fail_rail(l.index, FailReason::kProtocol, "protocol error: data before the handshake finished",
@@ -228,7 +229,7 @@ void Engine::handshake_frame(Peer& pr, Link& l) {
     }
     case ConnectorHandshake::Step::kUp:
       r.rx.reset();
-      link_up(pr, l);
+      link_up(pr, l, true);   // the acceptor trusted us before it sent the welcome
       return;
     case ConnectorHandshake::Step::kFail:
       if (why.empty()) why = "unexpected frame during the handshake";

@@ -200,6 +200,7 @@ NB_MODULE(_core, m) {
   config_field(config_cls, config_defaults, "eager_bytes", &Config::eager_bytes);
   config_field(config_cls, config_defaults, "poll_us", &Config::poll_us);
   config_field(config_cls, config_defaults, "sync_wait_us", &Config::sync_wait_us);
+  config_field(config_cls, config_defaults, "advert_wait_ms", &Config::advert_wait_ms);
   config_field(config_cls, config_defaults, "staging_bytes", &Config::staging_bytes);
   config_field(config_cls, config_defaults, "staging_chunk_bytes", &Config::staging_chunk_bytes);
   config_field(config_cls, config_defaults, "secret", &Config::secret);
@@ -768,6 +769,7 @@ NB_MODULE(_core, m) {
         d["in_use_bytes"] = st.in_use_bytes;
         d["allocations"] = st.allocations;
         d["reuses"] = st.reuses;
+        d["registered_bytes"] = st.registered_bytes;
         return d;
       });
   m.def(
@@ -775,7 +777,7 @@ NB_MODULE(_core, m) {
       [](uint64_t comm_id, int64_t group, int64_t rank, uint64_t run_id, uint64_t op_id, const std::string& kind,
          const std::string& dtype, const std::string& op, int root, Buffer in, Buffer out, stage::StagingPool& pool,
          uint64_t chunk_bytes,
-         int depth, int fail_after, double timeout, bool device_fold, bool small) {
+         int depth, int fail_after, double timeout, bool device_fold, bool small, bool register_staging) {
         // One local rank's part of a collective through the chunk pipeline, with memcpy as the
         // copy engine: what the CUDA platform runs, minus CUDA (its group and rank are read
         // from "device" memory in the same way, with a small call's input).
@@ -801,6 +803,7 @@ NB_MODULE(_core, m) {
         opt.depth = depth;
         opt.timeout_s = timeout;
         opt.device_fold = device_fold;
+        opt.register_staging = register_staging;
         stage::PipelineResult r;
         {
           nb::gil_scoped_release nogil;
@@ -819,7 +822,7 @@ NB_MODULE(_core, m) {
       nb::arg("comm_id"), nb::arg("group"), nb::arg("rank"), nb::arg("run_id"), nb::arg("op_id"), nb::arg("kind"),
       nb::arg("dtype"), nb::arg("op"), nb::arg("root"), nb::arg("inp"), nb::arg("out"), nb::arg("pool"), nb::arg("chunk_bytes"),
       nb::arg("depth") = 3, nb::arg("fail_after") = -1, nb::arg("timeout") = 30.0, nb::arg("device_fold") = true,
-      nb::arg("small") = true);
+      nb::arg("small") = true, nb::arg("register_staging") = true);
   m.def(
       "runtime_install",
       [](std::shared_ptr<Endpoint> ep, std::shared_ptr<coll::Executor> ex, int my_process, double timeout_s) {

@@ -177,8 +177,17 @@ Cut cut_of(coll::Runtime& rt, const coll::DeviceCall& call, const PipelineOption
 
 }  // namespace
 
+void register_pool(coll::Runtime& rt, StagingPool& pool, const PipelineOptions& opt) {
+  if (!opt.register_staging) return;
+  pool.register_with(rt.serial(), [w = rt.weak_from_this()](const void* p, size_t n) {
+    std::shared_ptr<coll::Runtime> r = w.lock();
+    return r && r->register_memory(p, n);
+  });
+}
+
 PipelineResult run_staged(coll::Runtime& rt, const coll::DeviceCall& call, CopyEngine& engine, StagingPool& pool,
                           const PipelineOptions& opt) {
+  register_pool(rt, pool, opt);
   const Cut cut = cut_of(rt, call, opt);
   const int n = cut.n;
   const size_t es = cut.es;
@@ -476,6 +485,7 @@ PipelineResult run_device_call(coll::Runtime& rt, coll::DeviceCall call, CopyEng
                                const std::function<void(const coll::DeviceCall&)>& decoded, bool allow_small) {
   const size_t es = coll::dtype_size(call.dtype);
   const size_t in_bytes = call.count * es, out_bytes = call.out_count * es;
+  register_pool(rt, pool, opt);
   const SmallArea sa = pool.small();
   // At most one chunk (so the wire sees chunk 0 of a one-chunk staged call) and within the area.
   const size_t limit = std::min<size_t>(sa.bytes, opt.chunk_bytes);

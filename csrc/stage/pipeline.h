@@ -46,6 +46,10 @@ struct PipelineOptions {
   // inputs on its device (CopyEngine::fold_to_host) and only the fold crosses to the host;
   // the others copy nothing in.
   bool device_fold = true;
+  // The pool's buffers are registered with the runtime's endpoint (StagingPool::register_with),
+  // so that RDMA rails write the staged bytes without copying them. Off: the copy path (the
+  // benchmark's baseline).
+  bool register_staging = true;
 };
 
 struct PipelineResult {
@@ -61,6 +65,10 @@ size_t slot_bytes(uint64_t chunk_bytes);
 // The small area's bytes each way: coll::kSmallCollectiveBytes (64 KiB), or one chunk where
 // chunks are smaller.
 size_t small_bytes(uint64_t chunk_bytes);
+
+// Registers the pool's buffers with `rt`'s endpoint where `opt` says so (run_staged and
+// run_device_call do it first; once per runtime, then cheap).
+void register_pool(coll::Runtime& rt, StagingPool& pool, const PipelineOptions& opt);
 
 // Elements per chunk (U above) for a collective of `kind` over `n_ranks` with element size `esize`.
 uint64_t chunk_elements(coll::Kind kind, int n_ranks, size_t esize, uint64_t chunk_bytes);

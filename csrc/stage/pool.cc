@@ -37,8 +37,36 @@ StagingPool::~StagingPool() {
   if (small_) alloc_->release(small_);
 }
 
+size_t StagingPool::small_total() const { return kSmallHeadBytes + 2 * small_bytes_; }
+
+void StagingPool::register_locked(uint8_t* p, size_t bytes, uint64_t* owner) {
+  if (!reg_ || *owner == owner_) return;
+  *owner = owner_;   // tried once per owner: a refusal is not retried on every call
+  if (!reg_(p, bytes)) *owner = ~owner_;
+}
+
+uint8_t* StagingPool::new_slot_locked() {
+  bufs_.push_back({static_cast<uint8_t*>(alloc_->allocate(slot_)), false, 0});
+  allocated_ += slot_;
+  allocations_++;
+  register_locked(bufs_.back().p, slot_, &bufs_.back().owner);
+  return bufs_.back().p;
+}
+
+void StagingPool::register_with(uint64_t owner, RegisterFn reg) {
+  std::lock_guard<std::mutex> g(mu_);
+  if (owner == owner_ && reg_) return;
+  owner_ = owner;
+  reg_ = std::move(reg);
+  if (small_) register_locked(small_, small_total(), &small_owner_);
+  for (auto& b : bufs_) register_locked(b.p, slot_, &b.owner);
+}
+
 SmallArea StagingPool::small_locked() {
-  if (!small_) small_ = static_cast<uint8_t*>(alloc_->allocate(kSmallHeadBytes + 2 * small_bytes_));
+  if (!small_) {
+    small_ = static_cast<uint8_t*>(alloc_->allocate(small_total()));
+    register_locked(small_, small_total(), &small_owner_);
+  }
   return {small_, small_ + kSmallHeadBytes, small_ + kSmallHeadBytes + small_bytes_, small_bytes_};
 }
 
@@ -50,11 +78,7 @@ SmallArea StagingPool::small() {
 void StagingPool::reserve(int slots) {
   std::lock_guard<std::mutex> g(mu_);
   small_locked();
-  while (static_cast<int>(bufs_.size()) < slots && allocated_ + slot_ <= cap_) {
-    bufs_.push_back({static_cast<uint8_t*>(alloc_->allocate(slot_)), false});
-    allocated_ += slot_;
-    allocations_++;
-  }
+  while (static_cast<int>(bufs_.size()) < slots && allocated_ + slot_ <= cap_) new_slot_locked();
 }
 
 StagingPool::Lease& StagingPool::Lease::operator=(Lease&& o) noexcept {
@@ -88,9 +112,7 @@ StagingPool::Lease StagingPool::try_acquire(size_t bytes) {
     reuses_++;
   } else {
     if (allocated_ + slot_ > cap_) return l;
-    bufs_.push_back({static_cast<uint8_t*>(alloc_->allocate(slot_)), false});
-    allocated_ += slot_;
-    allocations_++;
+    new_slot_locked();
     got = &bufs_.back();
   }
   got->used = true;
@@ -113,7 +135,13 @@ void StagingPool::give_back(uint8_t* p) {
 
 PoolStats StagingPool::stats() {
   std::lock_guard<std::mutex> g(mu_);
-  return {cap_, slot_, allocated_, in_use_, allocations_, reuses_};
+  uint64_t registered = 0;
+  if (reg_) {
+    for (auto& b : bufs_)
+      if (b.owner == owner_) registered += slot_;
+    if (small_ && small_owner_ == owner_) registered += small_total();
+  }
+  return {cap_, slot_, allocated_, in_use_, allocations_, reuses_, registered};
 }
 
 }  // namespace r2ccl::stage

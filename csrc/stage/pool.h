@@ -9,9 +9,18 @@
 // before the pool is destroyed: freeing pinned memory (cudaFreeHost) synchronises the
 // whole device, which a collective must never do behind XLA's back. A slot is handed out
 // whole to one pipeline at a time. Knows nothing of CUDA or XLA.
+//
+// Registration. Every buffer the pool holds (slots and small area) is registered for
+// one-sided writes through the function register_with() was last given (the runtime's
+// endpoint: Endpoint::register_memory), so that a transport with RDMA WRITE moves the
+// staged bytes without a copy (docs/design.md §10); a buffer made later is registered when
+// it is made. The memory outlives every endpoint (the pool is never freed before exit), so
+// registrations are never dropped here: each ends with the endpoint that holds it, and a
+// new owner (a runtime after jax_r2ccl.shutdown and initialize) registers everything again.
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -36,7 +45,12 @@ struct PoolStats {
   uint64_t in_use_bytes = 0;
   uint64_t allocations = 0;      // allocator calls so far (stays flat when buffers are reused)
   uint64_t reuses = 0;           // buffers handed out again without allocating
+  uint64_t registered_bytes = 0; // held and registered with the current owner (see register_with)
 };
+
+// Registers `bytes` at `p` for one-sided writes; false where it could not (those bytes then
+// move by copies). Called under the pool's lock: it must not call the pool.
+using RegisterFn = std::function<bool(const void* p, size_t bytes)>;
 
 // The small area: `head` holds the group and rank operands (and room to spare), `in` and
 // `out` a small collective's bytes, `bytes` each.
@@ -83,6 +97,9 @@ class StagingPool {
   // The small area (allocated on first use if reserve() did not); one caller at a time.
   SmallArea small();
   PoolStats stats();
+  // Registers every buffer through `reg` unless `owner` (a runtime's serial) has them all
+  // already, and every later one when it is made. Cheap when nothing is new.
+  void register_with(uint64_t owner, RegisterFn reg);
   uint64_t capacity() const { return cap_; }
   size_t slot_bytes() const { return slot_; }
 
@@ -90,9 +107,13 @@ class StagingPool {
   struct Buf {
     uint8_t* p;
     bool used;
+    uint64_t owner;   // registered with this owner (0: not registered)
   };
   void give_back(uint8_t* p);
   SmallArea small_locked();
+  size_t small_total() const;
+  uint8_t* new_slot_locked();
+  void register_locked(uint8_t* p, size_t bytes, uint64_t* owner);
 
   std::unique_ptr<Allocator> alloc_;
   const uint64_t cap_;
@@ -101,6 +122,9 @@ class StagingPool {
   std::mutex mu_;
   std::vector<Buf> bufs_;
   uint8_t* small_ = nullptr;
+  uint64_t small_owner_ = 0;
+  uint64_t owner_ = 0;   // register_with's: 0 before its first call
+  RegisterFn reg_;
   uint64_t allocated_ = 0, in_use_ = 0, allocations_ = 0, reuses_ = 0;
 };
 

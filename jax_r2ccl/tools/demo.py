@@ -18,11 +18,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import sys
 import time
 
-from .launch import cli_argv, launch
+from .launch import cli_argv, coordinator_port, launch
 
 NICS = "127.0.0.1,127.0.0.2,127.0.0.3,127.0.0.4"
 TESTBED_NICS = "nic0,nic1,nic2,nic3"
@@ -67,14 +66,6 @@ def _parse(argv):
         p.error(f"need 0 <= fail step ({fail}) < heal step ({heal}) < steps - 1 ({a.steps - 1}): the rail "
                 f"must fail, heal and be seen back up before the last step")
     return a
-
-
-def _free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 class _Fault:
@@ -355,7 +346,7 @@ def main(argv=None) -> int:
         return _worker(a)
     if a.testbed:
         return _main_testbed(argv, a)
-    coordinator = f"127.0.0.1:{_free_port()}"
+    coordinator = f"127.0.0.1:{coordinator_port()}"
     return _finish(launch([cli_argv("demo", *argv, "--process-id", i, "--coordinator", coordinator)
                            for i in range(a.processes)], None, 600))
 

@@ -182,6 +182,10 @@ std::vector<std::shared_ptr<Device>> Devices::all() {
 
 std::shared_ptr<Device> Devices::open(const std::string& name) {
   std::lock_guard<std::mutex> g(mu_);
+  return open_locked(name);
+}
+
+std::shared_ptr<Device> Devices::open_locked(const std::string& name) {
   auto it = open_.find(name);
   if (it != open_.end()) return it->second;
   int n = 0;
@@ -201,6 +205,17 @@ std::shared_ptr<Device> Devices::open(const std::string& name) {
   api_->query_device(ctx, &d->attr);
   fcntl(ctx->async_fd, F_SETFL, fcntl(ctx->async_fd, F_GETFL) | O_NONBLOCK);
   open_[name] = d;
+  // Memory registered before this device opened: on it too, so its rails can write it.
+  for (const auto& [handle, r] : regions_) {
+    ibv_mr* mr = api_->reg_mr(d->pd, const_cast<void*>(r.base), r.len, kRegionAccess);
+    if (!mr) {
+      R2_WARN("verbs: registering %zu bytes on %s, opened after they were registered, failed (%s): its rails carry "
+              "them in frames", r.len, name.c_str(), std::strerror(errno));
+      continue;
+    }
+    std::lock_guard<std::mutex> g(d->mr_mu);
+    d->mrs[handle] = mr;
+  }
   return d;
 }
 

@@ -110,6 +110,10 @@ struct PortRef {
 };
 
 // The registry of devices: one opened Device per RDMA device, one PortRef per NIC.
+// What a caller's registered memory allows (Devices::register_region): WRITEs from it (local
+// access) and into it (remote write, through the keys its receives advertise).
+inline constexpr int kRegionAccess = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
+
 class Devices {
  public:
   explicit Devices(const VerbsApi* api) : api_(api) {}
@@ -122,11 +126,27 @@ class Devices {
   // Every device opened so far (one per RDMA device serving a NIC the transport listened on).
   std::vector<std::shared_ptr<Device>> all();
 
+  // Registration (verbs_reg.cc). A caller's memory registered for one-sided writes with every
+  // device open now and every one opened later (a NIC's device opens at its first rail, which
+  // may come after the memory was registered), under `handle` (the transport's number for
+  // it): local read for WRITEs from it, remote write for WRITEs into it. Throws Error(kSystem)
+  // naming the device (what was registered is undone). On a device opened later a refusal
+  // is logged, and that device's NIC carries the region's chunks in frames.
+  void register_region(const void* base, size_t len, uint64_t handle);
+  void deregister_region(uint64_t handle);
+
  private:
   std::shared_ptr<Device> open(const std::string& name);
+  std::shared_ptr<Device> open_locked(const std::string& name);
+  void deregister_locked(uint64_t handle);
 
   const VerbsApi* api_;
   std::mutex mu_;
+  struct Region {
+    const void* base;
+    size_t len;
+  };
+  std::map<uint64_t, Region> regions_;   // registered, by handle: for devices opened later
   std::map<std::string, std::shared_ptr<Device>> open_;
   std::map<std::string, PortRef> by_nic_;   // by the NIC's IPv4 address
 };
@@ -300,14 +320,6 @@ class VerbsLink final : public FrameLink {
   bool peer_out_ = false;
   CopiedBytes copied_;   // payload bytes through the bounce buffers (copied())
 };
-
-// ---------------------------------------------------------------- registration (verbs_reg.cc)
-
-// A caller's memory registered for one-sided writes with every device in `devices`, under
-// `handle` (the transport's number for it): local read for WRITEs from it, remote write for
-// WRITEs into it. Throws Error(kSystem) naming the device (what was registered is undone).
-void register_region(Devices& devices, const VerbsApi* api, const void* base, size_t len, uint64_t handle);
-void deregister_region(Devices& devices, const VerbsApi* api, uint64_t handle);
 
 // ---------------------------------------------------------------- set-up (verbs_connect.cc)
 

@@ -34,33 +34,40 @@ bool Device::keys_of(uint64_t handle, uint32_t* lkey, uint32_t* rkey) {
   return true;
 }
 
-void register_region(Devices& devices, const VerbsApi* api, const void* base, size_t len, uint64_t handle) {
-  const auto all = devices.all();
-  for (size_t i = 0; i < all.size(); i++) {
-    ibv_mr* mr = api->reg_mr(all[i]->pd, const_cast<void*>(base), len, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+void Devices::register_region(const void* base, size_t len, uint64_t handle) {
+  std::lock_guard<std::mutex> g(mu_);   // no device opens meanwhile (open_locked registers the list)
+  for (auto& [name, d] : open_) {
+    ibv_mr* mr = api_->reg_mr(d->pd, const_cast<void*>(base), len, kRegionAccess);
     if (!mr) {
       const int e = errno;
-      deregister_region(devices, api, handle);
+      deregister_locked(handle);
       throw Error(Cause::kSystem, -1,
-                  "ibv_reg_mr of " + std::to_string(len) + " bytes on " + all[i]->name + " failed: " + std::strerror(e) +
+                  "ibv_reg_mr of " + std::to_string(len) + " bytes on " + name + " failed: " + std::strerror(e) +
                       (e == ENOMEM || e == EPERM ? " (RLIMIT_MEMLOCK: ulimit -l)" : ""));
     }
-    std::lock_guard<std::mutex> g(all[i]->mr_mu);
-    all[i]->mrs[handle] = mr;
+    std::lock_guard<std::mutex> mg(d->mr_mu);
+    d->mrs[handle] = mr;
   }
+  regions_[handle] = {base, len};
 }
 
-void deregister_region(Devices& devices, const VerbsApi* api, uint64_t handle) {
-  for (const auto& d : devices.all()) {
+void Devices::deregister_region(uint64_t handle) {
+  std::lock_guard<std::mutex> g(mu_);
+  deregister_locked(handle);
+}
+
+void Devices::deregister_locked(uint64_t handle) {
+  regions_.erase(handle);
+  for (auto& [name, d] : open_) {
     ibv_mr* mr = nullptr;
     {
-      std::lock_guard<std::mutex> g(d->mr_mu);
+      std::lock_guard<std::mutex> mg(d->mr_mu);
       auto it = d->mrs.find(handle);
       if (it == d->mrs.end()) continue;
       mr = it->second;
       d->mrs.erase(it);
     }
-    api->dereg_mr(mr);
+    api_->dereg_mr(mr);
   }
 }
 

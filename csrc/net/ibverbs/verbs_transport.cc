@@ -81,11 +81,11 @@ class VerbsTransport final : public Transport {
     m.base = base;
     m.len = len;
     m.handle = next_region_.fetch_add(1) + 1;
-    verbs::register_region(devices_, api_, base, len, m.handle);
+    devices_.register_region(base, len, m.handle);
     return m;
   }
   void deregister_memory(const MemRegion& m) override {
-    if (m.handle) verbs::deregister_region(devices_, api_, m.handle);
+    if (m.handle) devices_.deregister_region(m.handle);
   }
   uint32_t remote_key(const MemRegion& m, const Nic& nic) override {
     uint32_t rkey = 0;
