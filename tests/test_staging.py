@@ -83,6 +83,9 @@ def test_the_staging_pool_allocates_up_front_and_never_frees_inside_a_call():
         assert pool["allocations"] == 3 and pool["allocated_bytes"] == 3 * pool["slot_bytes"], pool
         assert all(a == 3 for p in res["allocations"] for a in p.values()), res["allocations"]
         assert pool["in_use_bytes"] == 0, pool
+        # Every slot and the small area registered with the endpoint, once (a socket transport
+        # needs no keys: tests/test_verbs.py counts the copies this saves on RDMA rails).
+        assert pool["registered_bytes"] > pool["allocated_bytes"], pool
 
 
 def test_large_staged_all_reduce_is_cut_into_chunks_and_reuses_its_pool():
