@@ -15,14 +15,23 @@ def results(rs):
 
 @pytest.mark.parametrize("world", [2, 3])
 def test_every_pair_exchanges_bit_exact_over_four_rails(world):
+    # Two rounds. CI once saw one rail carry under 1 MiB of a single round, all rails up, no
+    # failure, bytes exact; 85 runs here (idle and under 3-4 busy loops) never did. The likely
+    # cause: that rail's first rate samples fell in a moment the loaded 2-core machine
+    # descheduled the process, so it began the 24 MiB burst (about 30 ms on loopback) with a
+    # small window. The check is that the large messages are striped, not one burst's start.
     sizes = [0, 1, 4096 + 3, 1 << 20, 24 << 20]
-    res = results(run_ranks("exchange", world, args={"sizes": sizes}))
+    res = results(run_ranks("exchange", world, args={"sizes": sizes, "rounds": 2}))
     for r in res:
         assert r["wrong"] == 0
         for peer, rails in r["stats"].items():
-            assert len(rails) == 4 and all(s["state"] == "up" for s in rails)
-            # striping: every rail carried part of the large messages
-            assert all(s["tx_bytes"] > 1 << 20 for s in rails), rails
+            brief = [(s["rail"], s["state"], s["tx_bytes"] >> 10, s["failures"], s["recoveries"],
+                      s["retransmitted_chunks"], round(s["last_change_unix_s"] % 100, 4)) for s in rails]
+            assert len(rails) == 4 and all(s["state"] == "up" for s in rails), brief
+            # striping: every rail carried part of the large messages (each rail's fair share
+            # is 12 MiB of the 48 MiB sent to each peer)
+            assert all(s["tx_bytes"] > 1 << 20 for s in rails), ("rail, state, tx KiB, failures, recoveries, "
+                                                                  "resent, last change s", brief)
 
 
 def test_unequal_nic_counts_pair_up_and_stay_exact():
