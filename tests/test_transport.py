@@ -249,3 +249,16 @@ def test_transport_choice_without_rdma_is_sockets_and_ibverbs_is_a_clear_error()
                  secret=b"s" * 32)
     assert e.value.cause == "system"
     assert _core.verbs_status([])["unavailable"] in str(e.value)
+
+
+def test_a_dma_buf_registration_over_sockets_is_refused_with_the_reason_and_nothing_breaks():
+    # GPUDirect's registration (Endpoint.register_dmabuf, the plugin's regMrDmaBuf): sockets
+    # move bytes with the CPU, so they take no dma-buf; the refusal names the transport, and a
+    # plain registration and a registered exchange work after it.
+    for r in results(run_ranks("dmabuf_register", 2)):
+        why = "the CPU copies every byte (only an RDMA NIC reads memory itself)"
+        assert r["support"] == "socket: " + why, r
+        assert r["registered"] is False and r["cause"] == "invalid_argument", r
+        assert "registering a dma-buf (GPUDirect) over socket: " + why in r["error"], r
+        assert r["bad_fd"][0] == "invalid_argument" and "fd -1" in r["bad_fd"][1], r
+        assert r["after"] == 0

@@ -286,6 +286,29 @@ def test_the_staged_path_over_verbs_moves_its_registered_pool_with_no_copies_bit
         assert rx_copied <= 0.05 * got, r["stats"]
 
 
+def test_dma_buf_registration_is_probed_per_device_and_refused_with_the_drivers_answer(bed):
+    # GPUDirect without nvidia_peermem registers device memory through a dma-buf
+    # (ibv_reg_dmabuf_mr). Each device is probed when it opens, as NCCL's net_ib does (a call
+    # with fd -1: EOPNOTSUPP or EPROTONOSUPPORT where the driver has no dma-buf support, EBADF
+    # where it has). Debian 6.1's Soft-RoCE (rdma_rxe) has none: the endpoint says so per
+    # device, a registration is refused with that answer, doctor's line carries it, and a
+    # plain registered exchange works after. A kernel whose rxe gains support turns the probe
+    # around: the memfd (no dma-buf) must then fail in ibv_reg_dmabuf_mr, naming the device.
+    for r in results(run_ranks_vm("dmabuf_register", nics=NICS, config=VERBS)):
+        assert r["after"] == 0, r
+        assert r["bad_fd"][0] == "invalid_argument" and "fd -1" in r["bad_fd"][1], r
+        assert r["registered"] is False, r
+        if r["support"]:
+            assert r["support"].startswith("ibverbs: ") and "registers no dma-buf (ibv_reg_dmabuf_mr: " in r["support"], r
+            assert r["cause"] == "invalid_argument" and r["support"][len("ibverbs: "):] in r["error"], r
+            assert "registers no dma-buf" in r["gpudirect"] and "registers dma-bufs" not in r["gpudirect"], r
+        else:
+            assert r["cause"] == "system" and "ibv_reg_dmabuf_mr of 1048576 bytes on " in r["error"], r
+            assert "registers dma-bufs" in r["gpudirect"], r
+        # what this bed's kernel does (the fact design.md §10 states)
+        assert "Operation not supported" in r["support"] or "Protocol not supported" in r["support"], r
+
+
 def test_auto_picks_verbs_on_rdma_nics(bed):
     rs = run_ranks_vm("exchange", nics=NICS, config={"transport": "auto", **GUEST_TIMERS}, args={"sizes": [1 << 20]})
     for r in results(rs):

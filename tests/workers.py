@@ -68,6 +68,37 @@ def exchange(ep, rank, world, sizes, rounds=1, register=False):
     return {"wrong": wrong, "details": details, "stats": stats}
 
 
+def dmabuf_register(ep, rank, world):
+    """Registers host memory through a dma-buf-shaped call (a memfd: the kernel's answer for a
+    fd that is no dma-buf) and reports what the endpoint and the GPUDirect probe said; then a
+    plain registration and a registered exchange still work (nothing was left half done)."""
+    from jax_r2ccl import _core
+    peers = [p for p in range(world) if p != rank]
+    ep.open(peers)
+    ep.wait_ready(peers)
+    out = {"support": ep.dmabuf_support(), "gpudirect": _core.verbs_status([])["gpudirect"]}
+    n = 1 << 20
+    buf = np.zeros(n, np.uint8)
+    fd = os.memfd_create("r2ccl-dmabuf-test")
+    try:
+        os.ftruncate(fd, n)
+        try:
+            rid = ep.register_dmabuf(buf, fd, 0)
+            ep.deregister_memory(rid)
+            out["registered"] = True
+        except R2cclError as e:
+            out.update(registered=False, error=str(e), cause=e.cause)
+        try:
+            ep.register_dmabuf(buf, -1, 0)
+            out["bad_fd"] = None
+        except R2cclError as e:
+            out["bad_fd"] = [e.cause, str(e)]
+    finally:
+        os.close(fd)
+    out["after"] = exchange(ep, rank, world, [n + 5], register=True)["wrong"]
+    return out
+
+
 def barrier(ep, rank, world, tag=1 << 40, timeout=-1.0):
     """Everyone has reached this point (a zero-byte message to and from every peer). timeout < 0:
     R2CCL_TIMEOUT (a test that shortens it for its faults may give the barrier longer)."""

@@ -270,13 +270,6 @@ class RailIo {
 
 // The most adverts a channel keeps (an advert whose message went by copy is never used).
 inline constexpr size_t kMaxAdverts = 1024;
-// A send from registered memory to a peer that advertises its receives waits
-// R2CCL_ADVERT_WAIT_MS (and at most until the engine's next tick after it) for its own
-// receive's advert before it goes in frames: a receive posted a moment after the send still
-// gets the whole message by one-sided writes. NCCL's IB transport waits for its receiver's
-// FIFO entry without a bound; a bound keeps a receiver that posts late, or posts
-// unregistered memory, from holding the sender.
-
 // The most payload the engine reads from one rail before it turns to the others (the read
 // pass; engine_rail_io.cc), and the data a rail reads before its acks go out even though it
 // is not read dry. Equal passes make every rail that has data get the same service when the
@@ -298,7 +291,13 @@ struct ChannelSettings {
   uint64_t eager_held_bytes = kEagerHeldBytes;   // most bytes of eager copies awaiting acks
   uint64_t lazy_ack_bytes = 16 << 10;       // eager bytes whose acks wait at most
   uint64_t read_pass_bytes = kReadPassBytes;  // data bytes read before acks go out undrained
-  int64_t advert_wait_ns = int64_t{Config().advert_wait_ms} * 1000000LL;   // R2CCL_ADVERT_WAIT_MS (above)
+  // A send from registered memory to a peer that advertises its receives waits
+  // R2CCL_ADVERT_WAIT_MS (and at most until the engine's next tick after it) for its own
+  // receive's advert before it goes in frames: a receive posted a moment after the send still
+  // gets the whole message by one-sided writes. NCCL's IB transport waits for its receiver's
+  // FIFO entry without a bound; a bound keeps a receiver that posts late, or posts
+  // unregistered memory, from holding the sender.
+  int64_t advert_wait_ns = int64_t{Config().advert_wait_ms} * 1000000LL;   // R2CCL_ADVERT_WAIT_MS
   static ChannelSettings from(const Config& cfg);
 };
 

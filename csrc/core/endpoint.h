@@ -155,6 +155,16 @@ class Endpoint : public std::enable_shared_from_this<Endpoint> {
   // are destroyed; deregister_memory drops the endpoint's hold. Any thread; returns the id.
   // Throws Error(kSystem) naming the transport when the memory cannot be registered.
   uint64_t register_memory(const void* base, size_t len);
+  // The same for memory a dma-buf backs (`fd`, the region at `offset` in it; the caller may
+  // close fd when this returns): ibv_reg_dmabuf_mr on every device. Every transport in use
+  // must take dma-bufs (Transport::dmabuf_support), else Error(kInvalidArgument) says why.
+  // The memory must still be readable by the CPU at `base` (host memory exported through
+  // udmabuf, say): a chunk no one-sided write can carry goes in frames, a CPU copy. Device
+  // memory needs every chunk written one-sided, which the channel does not enforce yet
+  // (docs/design.md §10, GPUDirect).
+  uint64_t register_dmabuf(const void* base, size_t len, int fd, uint64_t offset);
+  // Empty when every transport of this endpoint takes dma-buf registrations; else why not.
+  std::string dmabuf_support() const;
   void deregister_memory(uint64_t id);
   // Peers added so far.
   std::vector<int> peers();

@@ -1193,9 +1193,11 @@ bool Endpoint::testing_test_lease_held() const { return engine_->testing_test_le
 
 // ---------------------------------------------------------------- registered memory
 
-uint64_t Engine::register_memory(const void* base, size_t len) {
+uint64_t Engine::register_memory(const void* base, size_t len, const DmaBuf* dmabuf) {
   if (!base || len == 0) throw Error(Cause::kInvalidArgument, -1, "register_memory of no memory");
-  auto reg = std::make_shared<Registration>(base, len, *transports_, nics_);
+  if (dmabuf && dmabuf->fd < 0)
+    throw Error(Cause::kInvalidArgument, -1, "register_dmabuf with fd " + std::to_string(dmabuf->fd));
+  auto reg = std::make_shared<Registration>(base, len, *transports_, nics_, dmabuf);
   std::lock_guard<std::mutex> g(reg_mu_);
   regs_[++next_reg_] = std::move(reg);
   by_base_.emplace(reinterpret_cast<uintptr_t>(base), next_reg_);
@@ -1234,6 +1236,25 @@ std::shared_ptr<Registration> Engine::registration_for(const void* p, size_t n) 
 }
 
 uint64_t Endpoint::register_memory(const void* base, size_t len) { return engine_->register_memory(base, len); }
+std::string Engine::dmabuf_support() const {
+  std::string why;
+  std::vector<const Transport*> seen;
+  for (size_t i = 0; i < transports_->size(); i++) {
+    const Transport& t = transports_->of(i);
+    if (std::find(seen.begin(), seen.end(), &t) != seen.end()) continue;
+    seen.push_back(&t);
+    const std::string no = t.dmabuf_support();
+    if (!no.empty()) why += (why.empty() ? "" : "; ") + std::string(t.name()) + ": " + no;
+  }
+  return why;
+}
+
+std::string Endpoint::dmabuf_support() const { return engine_->dmabuf_support(); }
+
+uint64_t Endpoint::register_dmabuf(const void* base, size_t len, int fd, uint64_t offset) {
+  const DmaBuf buf{fd, offset};
+  return engine_->register_memory(base, len, &buf);
+}
 void Endpoint::deregister_memory(uint64_t id) { engine_->deregister_memory(id); }
 
 }  // namespace r2ccl

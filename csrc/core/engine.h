@@ -145,7 +145,8 @@ class Engine {
   bool testing_test_lease_held() const { return lease_held_.load(); }
 
   // Registered memory (core/registration.h); any thread. register_memory returns its id.
-  uint64_t register_memory(const void* base, size_t len);
+  uint64_t register_memory(const void* base, size_t len, const DmaBuf* dmabuf = nullptr);
+  std::string dmabuf_support() const;
   void deregister_memory(uint64_t id);
   // The registration holding [p, p + n) whole, or null.
   std::shared_ptr<Registration> registration_for(const void* p, size_t n);

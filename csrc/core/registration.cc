@@ -1,17 +1,41 @@
 // Registered memory (registration.h): one region per transport in use, each local NIC's key.
 #include "core/registration.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <string>
+
+#include "base/error.h"
 
 namespace r2ccl {
 
-Registration::Registration(const void* base, size_t len, const NicTransports& transports, const std::vector<Nic>& nics)
+Registration::Registration(const void* base, size_t len, const NicTransports& transports, const std::vector<Nic>& nics,
+                           const DmaBuf* dmabuf)
     : base_(static_cast<const uint8_t*>(base)), len_(len), nics_(nics) {
   for (size_t i = 0; i < transports.size(); i++) nic_transport_.push_back(transports.shared(i));
-  register_all();
+  if (dmabuf) {
+    dmabuf_.offset = dmabuf->offset;
+    dmabuf_.fd = fcntl(dmabuf->fd, F_DUPFD_CLOEXEC, 0);
+    if (dmabuf_.fd < 0)
+      throw Error(Cause::kInvalidArgument, -1, "registering a dma-buf: its fd " + std::to_string(dmabuf->fd) +
+                                                   " cannot be duplicated: " + std::strerror(errno));
+  }
+  try {
+    register_all();
+  } catch (...) {
+    if (dmabuf_.fd >= 0) close(dmabuf_.fd);
+    throw;
+  }
 }
 
-Registration::~Registration() { deregister_all(); }
+Registration::~Registration() {
+  deregister_all();
+  if (dmabuf_.fd >= 0) close(dmabuf_.fd);
+}
 
 const MemRegion* Registration::on(const Transport& t) const {
   for (auto& [tp, region] : regions_)
@@ -27,7 +51,8 @@ void Registration::renew() {
 void Registration::register_all() {
   try {
     for (auto& t : nic_transport_)
-      if (!on(*t)) regions_.push_back({t, t->register_memory(base_, len_)});
+      if (!on(*t))
+        regions_.push_back({t, dmabuf_.fd >= 0 ? t->register_dmabuf(base_, len_, dmabuf_) : t->register_memory(base_, len_)});
   } catch (...) {
     deregister_all();
     throw;

@@ -19,7 +19,11 @@ namespace r2ccl {
 class Registration {
  public:
   // Throws Error(kSystem) naming the transport and the cause when one cannot register it.
-  Registration(const void* base, size_t len, const NicTransports& transports, const std::vector<Nic>& nics);
+  // `dmabuf`: the memory is a dma-buf's (Transport::register_dmabuf on every transport in
+  // use; one that takes none refuses with Error(kInvalidArgument) naming why). Its fd is
+  // duplicated: the caller may close its own when this returns (NCCL does).
+  Registration(const void* base, size_t len, const NicTransports& transports, const std::vector<Nic>& nics,
+               const DmaBuf* dmabuf = nullptr);
   ~Registration();
   Registration(const Registration&) = delete;
   Registration& operator=(const Registration&) = delete;
@@ -49,6 +53,7 @@ class Registration {
   std::vector<Nic> nics_;
   std::vector<std::pair<std::shared_ptr<Transport>, MemRegion>> regions_;   // one per transport in use
   std::vector<uint32_t> keys_;
+  DmaBuf dmabuf_;   // fd -1: plain memory; else our dup of the caller's fd, closed with us
 };
 
 }  // namespace r2ccl

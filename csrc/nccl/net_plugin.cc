@@ -422,17 +422,22 @@ abi::Result NetPlugin::accept(void* listen_comm, void** recv_comm) {
   return abi::kSuccess;
 }
 
-abi::Result NetPlugin::reg_mr(void* comm, void* data, size_t size, int type, void** mhandle) {
+abi::Result NetPlugin::reg_mr(void* comm, void* data, size_t size, int type, void** mhandle, int dmabuf_fd,
+                              uint64_t dmabuf_offset) {
   *mhandle = nullptr;
+  const bool dmabuf = dmabuf_fd >= 0;
+  const std::string call = dmabuf ? "regMrDmaBuf" : "regMr";
   if (type != abi::kPtrHost)
-    return fail(abi::kInvalidArgument, "regMr of GPU memory (type " + std::to_string(type) +
+    return fail(abi::kInvalidArgument, call + " of GPU memory (type " + std::to_string(type) +
                                            "): this plugin moves host memory only (GPUDirect is not offered yet)");
   auto ep = static_cast<Comm*>(comm)->ep;
   try {
-    const uint64_t id = ep->register_memory(data, size);
+    const uint64_t id = dmabuf ? ep->register_dmabuf(data, size, dmabuf_fd, dmabuf_offset)
+                               : ep->register_memory(data, size);
     *mhandle = new MemHandle{data, size, ep, id};
   } catch (const Error& e) {
-    return fail(abi::kSystemError, std::string("regMr of ") + std::to_string(size) + " bytes: " + e.what());
+    return fail(e.cause() == Cause::kInvalidArgument ? abi::kInvalidArgument : abi::kSystemError,
+                call + " of " + std::to_string(size) + " bytes: " + e.what());
   }
   return abi::kSuccess;
 }

@@ -58,7 +58,10 @@ class NetPlugin {
   abi::Result listen(int dev, void* handle, void** listen_comm);
   abi::Result connect(int dev, void* handle, void** send_comm);
   abi::Result accept(void* listen_comm, void** recv_comm);
-  abi::Result reg_mr(void* comm, void* data, size_t size, int type, void** mhandle);
+  // regMr, and regMrDmaBuf where `dmabuf_fd` >= 0 (host memory only until device memory
+  // moves: ptrSupport never says CUDA or DMABUF yet, so NCCL hands none; docs/design.md §10).
+  abi::Result reg_mr(void* comm, void* data, size_t size, int type, void** mhandle, int dmabuf_fd = -1,
+                     uint64_t dmabuf_offset = 0);
   abi::Result dereg_mr(void* comm, void* mhandle);
   abi::Result isend(void* send_comm, void* data, size_t size, void** request);
   abi::Result irecv(void* recv_comm, int n, void** data, size_t* sizes, void** request);

@@ -66,6 +66,13 @@ Result accept(void* l, void** rc, DeviceHandle** rdc) {
   return P().accept(l, rc);
 }
 Result reg_mr(void* c, void* d, size_t s, int t, void** m) { return P().reg_mr(c, d, s, t, m); }
+Result reg_mr_dmabuf(void* c, void* d, size_t s, int t, uint64_t offset, int fd, void** m) {
+  if (fd < 0) {   // NCCL never does; a plugin harness might
+    *m = nullptr;
+    return kInvalidArgument;
+  }
+  return P().reg_mr(c, d, s, t, m, fd, offset);
+}
 Result dereg_mr(void* c, void* m) { return P().dereg_mr(c, m); }
 Result isend(void* sc, void* d, size_t s, int, void*, void*, void** r) { return P().isend(sc, d, s, r); }
 Result irecv(void* rc, int n, void** d, size_t* s, int*, void**, void**, void** r) { return P().irecv(rc, n, d, s, r); }
@@ -78,7 +85,7 @@ Result close_send(void* c) { return P().close_send(c); }
 Result close_recv(void* c) { return P().close_recv(c); }
 Result close_listen(void* c) { return P().close_listen(c); }
 
-constexpr DataPath kDataPath = {accept, reg_mr, nullptr, dereg_mr, isend, irecv, iflush, test,
+constexpr DataPath kDataPath = {accept, reg_mr, reg_mr_dmabuf, dereg_mr, isend, irecv, iflush, test,
                                 close_send, close_recv, close_listen, nullptr, nullptr};
 
 // v11, v12: init and finalize per communicator; the context is unused (one endpoint per process).

@@ -28,6 +28,11 @@ const char* link_error_name(LinkError e) {
   return "?";
 }
 
+void Transport::throw_no_dmabuf() const {
+  throw Error(Cause::kInvalidArgument, -1,
+              std::string("registering a dma-buf (GPUDirect) over ") + name() + ": " + dmabuf_support());
+}
+
 std::string Nic::addr_str() const {
   char buf[INET_ADDRSTRLEN];
   inet_ntop(AF_INET, &addr, buf, sizeof buf);

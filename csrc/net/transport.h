@@ -55,6 +55,17 @@ struct MemRegion {
   }
 };
 
+// A dma-buf that backs a region: memory the NIC reaches through the buffer's exporter rather
+// than through this process's page tables (GPU memory exported with
+// cuMemGetHandleForAddressRange; NCCL's regMrDmaBuf hands one over). `fd` is the caller's
+// and stays open only for the call: a transport that keeps the region keeps its own dup.
+// The region's bytes are at `offset` in the buffer; its address (MemRegion::base) is the one
+// writes name, as with any region.
+struct DmaBuf {
+  int fd = -1;
+  uint64_t offset = 0;
+};
+
 // Why a link failed, or why it could not be made.
 enum class LinkError : uint8_t {
   kNone,
@@ -216,6 +227,17 @@ class Transport {
     return m;
   }
   virtual void deregister_memory(const MemRegion&) {}
+  // The same through a dma-buf (GPUDirect). Empty from dmabuf_support: every device this
+  // transport has open takes dma-buf registrations; else why not (a transport that moves
+  // bytes with the CPU never does). register_dmabuf throws Error(kInvalidArgument) with that
+  // reason where unsupported, Error(kSystem) naming the device where a registration fails.
+  virtual std::string dmabuf_support() const { return "the CPU copies every byte (only an RDMA NIC reads memory itself)"; }
+  virtual MemRegion register_dmabuf(const void* base, size_t len, const DmaBuf& buf) {
+    (void)base;
+    (void)len;
+    (void)buf;
+    throw_no_dmabuf();
+  }
   // The key the peer's one-sided writes into `region` carry when they arrive through `nic`
   // (one of this transport's NICs); 0 when that NIC cannot take them.
   virtual uint32_t remote_key(const MemRegion& region, const Nic& nic) {
@@ -223,6 +245,9 @@ class Transport {
     (void)nic;
     return 0;
   }
+
+ protected:
+  [[noreturn]] void throw_no_dmabuf() const;
 };
 
 }  // namespace r2ccl

@@ -404,6 +404,20 @@ NB_MODULE(_core, m) {
           "Registers the buffer with every transport (RDMA: every device) for zero-copy transfers; "
           "returns its id. The caller keeps the buffer alive until deregister_memory.")
       .def(
+          "register_dmabuf",
+          [](Endpoint& ep, Buffer buf, int fd, uint64_t offset) {
+            if (buf.nbytes() == 0 || buf.data() == nullptr)
+              throw Error(Cause::kInvalidArgument, -1, "register_dmabuf of an empty buffer");
+            nb::gil_scoped_release nogil;
+            return ep.register_dmabuf(buf.data(), buf.nbytes(), fd, offset);
+          },
+          nb::arg("buffer"), nb::arg("fd"), nb::arg("offset") = 0,
+          "Registers the buffer, which the dma-buf `fd` backs from `offset` on, through that dma-buf "
+          "(ibv_reg_dmabuf_mr on every device); returns its id. Raises invalid_argument with the reason "
+          "where a transport takes no dma-buf (dmabuf_support()).")
+      .def("dmabuf_support", &Endpoint::dmabuf_support,
+           "Empty when every transport of this endpoint takes dma-buf registrations; else why not.")
+      .def(
           "deregister_memory",
           [](Endpoint& ep, uint64_t id) {
             nb::gil_scoped_release nogil;

@@ -178,7 +178,7 @@ Cut cut_of(coll::Runtime& rt, const coll::DeviceCall& call, const PipelineOption
 }  // namespace
 
 void register_pool(coll::Runtime& rt, StagingPool& pool, const PipelineOptions& opt) {
-  if (!opt.register_staging) return;
+  if (!opt.register_staging || pool.registered_with(rt.serial())) return;
   pool.register_with(rt.serial(), [w = rt.weak_from_this()](const void* p, size_t n) {
     std::shared_ptr<coll::Runtime> r = w.lock();
     return r && r->register_memory(p, n);

@@ -58,6 +58,7 @@ void StagingPool::register_with(uint64_t owner, RegisterFn reg) {
   if (owner == owner_ && reg_) return;
   owner_ = owner;
   reg_ = std::move(reg);
+  current_owner_.store(owner);
   if (small_) register_locked(small_, small_total(), &small_owner_);
   for (auto& b : bufs_) register_locked(b.p, slot_, &b.owner);
 }

@@ -18,6 +18,7 @@
 // registrations are never dropped here: each ends with the endpoint that holds it, and a
 // new owner (a runtime after jax_r2ccl.shutdown and initialize) registers everything again.
 #pragma once
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -100,6 +101,9 @@ class StagingPool {
   // Registers every buffer through `reg` unless `owner` (a runtime's serial) has them all
   // already, and every later one when it is made. Cheap when nothing is new.
   void register_with(uint64_t owner, RegisterFn reg);
+  // Whether register_with(owner, ...) was the last call (one atomic read: a staged call checks
+  // it before it builds a RegisterFn).
+  bool registered_with(uint64_t owner) const { return owner != 0 && current_owner_.load() == owner; }
   uint64_t capacity() const { return cap_; }
   size_t slot_bytes() const { return slot_; }
 
@@ -124,6 +128,7 @@ class StagingPool {
   uint8_t* small_ = nullptr;
   uint64_t small_owner_ = 0;
   uint64_t owner_ = 0;   // register_with's: 0 before its first call
+  std::atomic<uint64_t> current_owner_{0};   // owner_, for registered_with without the lock
   RegisterFn reg_;
   uint64_t allocated_ = 0, in_use_ = 0, allocations_ = 0, reuses_ = 0;
 };

@@ -126,6 +126,22 @@ class Endpoint:
         self._registered[rid] = array
         return rid
 
+    def register_dmabuf(self, array: np.ndarray, fd: int, offset: int = 0) -> int:
+        """register_memory for memory a dma-buf backs (`fd`, `array`'s bytes at `offset` in it):
+        the GPUDirect registration (ibv_reg_dmabuf_mr on every device). The memory must be
+        readable by the CPU at `array`'s address (host memory exported through udmabuf): the
+        endpoint does not move device memory yet. Raises R2cclError("invalid_argument") naming
+        why where a transport takes no dma-buf (see dmabuf_support()). `fd` may be closed after."""
+        buf = _as_buffer(array, writable=True)
+        rid = self._ep.register_dmabuf(buf, fd, offset)
+        self._registered[rid] = array
+        return rid
+
+    def dmabuf_support(self) -> str:
+        """Empty when every transport of this endpoint takes dma-buf registrations; else why not,
+        per transport and device (the driver's answer to the probe)."""
+        return self._ep.dmabuf_support()
+
     def deregister_memory(self, rid: int) -> None:
         """Drops the endpoint's registration `rid`; requests still using it keep it until they end."""
         self._ep.deregister_memory(int(rid))

@@ -24,6 +24,7 @@
 // --dev+1, ... as a process driving several GPUs has them). Prints
 // "harness: <case> rank R: ok ..." or "FAIL: ..." and exits 1.
 #include <dlfcn.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -883,6 +884,19 @@ void case_close(uint64_t seed) {
   std::vector<uint8_t> buf(1 << 16);
   void* mh = nullptr;
   check(net.d().reg_mr(c.recv, buf.data(), buf.size(), kPtrHost, &mh) == kSuccess, "regMr");
+  {
+    // regMrDmaBuf over sockets: refused (they take no dma-buf), no handle, and the connection
+    // goes on (the cases below use it). A memfd stands in for the buffer's fd.
+    const int fd = memfd_create("r2ccl-harness", MFD_CLOEXEC);
+    check(fd >= 0 && ftruncate(fd, static_cast<off_t>(buf.size())) == 0, "memfd");
+    void* dh = &buf;
+    check(net.d().reg_mr_dmabuf(c.recv, buf.data(), buf.size(), kPtrHost, 0, fd, &dh) == kInvalidArgument && !dh,
+          "regMrDmaBuf over sockets is refused");
+    dh = &buf;
+    check(net.d().reg_mr_dmabuf(c.recv, buf.data(), buf.size(), kPtrCuda, 0, fd, &dh) == kInvalidArgument && !dh,
+          "regMrDmaBuf of GPU memory is refused");
+    close(fd);
+  }
   for (int i = 0; i < 4; i++) {
     void* d = buf.data();
     size_t size = buf.size();

@@ -185,6 +185,20 @@ std::shared_ptr<Device> Devices::open(const std::string& name) {
   return open_locked(name);
 }
 
+std::string probe_dmabuf(const VerbsApi& api, ibv_pd* pd, const std::string& name) {
+  if (!api.reg_dmabuf_mr) return name + ": libibverbs has no ibv_reg_dmabuf_mr (rdma-core 34+ has it)";
+  errno = 0;
+  ibv_mr* mr = api.reg_dmabuf_mr(pd, 0, 0, 0, -1, 0);
+  const int e = errno;
+  if (mr) {   // no driver registers a buffer it was not given; if one did, undo it
+    api.dereg_mr(mr);
+    return "";
+  }
+  if (e == EOPNOTSUPP || e == EPROTONOSUPPORT)
+    return name + "'s driver registers no dma-buf (ibv_reg_dmabuf_mr: " + std::strerror(e) + ")";
+  return "";
+}
+
 std::shared_ptr<Device> Devices::open_locked(const std::string& name) {
   auto it = open_.find(name);
   if (it != open_.end()) return it->second;
@@ -206,8 +220,9 @@ std::shared_ptr<Device> Devices::open_locked(const std::string& name) {
   fcntl(ctx->async_fd, F_SETFL, fcntl(ctx->async_fd, F_GETFL) | O_NONBLOCK);
   open_[name] = d;
   // Memory registered before this device opened: on it too, so its rails can write it.
+  d->dmabuf_why = probe_dmabuf(*api_, d->pd, name);
   for (const auto& [handle, r] : regions_) {
-    ibv_mr* mr = api_->reg_mr(d->pd, const_cast<void*>(r.base), r.len, kRegionAccess);
+    ibv_mr* mr = reg_on(*d, r);
     if (!mr) {
       R2_WARN("verbs: registering %zu bytes on %s, opened after they were registered, failed (%s): its rails carry "
               "them in frames", r.len, name.c_str(), std::strerror(errno));

@@ -52,6 +52,11 @@ struct Device {
   ibv_pd* pd = nullptr;
   std::string name;
   ibv_device_attr attr{};
+  // Empty: the device takes dma-buf registrations (GPUDirect without nvidia_peermem); else
+  // why not. Probed once at open, as NCCL's net_ib does: ibv_reg_dmabuf_mr with no buffer
+  // (fd -1) fails with EOPNOTSUPP or EPROTONOSUPPORT where the driver has no dma-buf support,
+  // with EBADF where it has.
+  std::string dmabuf_why;
 
   std::mutex mu;
   std::map<int, bool> port_active;          // by port number, as last seen
@@ -114,6 +119,10 @@ struct PortRef {
 // access) and into it (remote write, through the keys its receives advertise).
 inline constexpr int kRegionAccess = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
 
+// Device::dmabuf_why for the device `name` through one of its protection domains
+// (verbs_device.cc).
+std::string probe_dmabuf(const VerbsApi& api, ibv_pd* pd, const std::string& name);
+
 class Devices {
  public:
   explicit Devices(const VerbsApi* api) : api_(api) {}
@@ -132,20 +141,30 @@ class Devices {
   // it): local read for WRITEs from it, remote write for WRITEs into it. Throws Error(kSystem)
   // naming the device (what was registered is undone). On a device opened later a refusal
   // is logged, and that device's NIC carries the region's chunks in frames.
-  void register_region(const void* base, size_t len, uint64_t handle);
+  // `buf`: the region is a dma-buf's (ibv_reg_dmabuf_mr at the region's address; the list
+  // keeps a dup of its fd for devices opened later). Throws Error(kInvalidArgument) with the
+  // reason where an open device takes no dma-buf.
+  void register_region(const void* base, size_t len, uint64_t handle, const DmaBuf* buf = nullptr);
   void deregister_region(uint64_t handle);
+  // Transport::dmabuf_support over the devices open now.
+  std::string dmabuf_support();
 
  private:
   std::shared_ptr<Device> open(const std::string& name);
   std::shared_ptr<Device> open_locked(const std::string& name);
   void deregister_locked(uint64_t handle);
+  std::string dmabuf_why_locked() const;
 
   const VerbsApi* api_;
   std::mutex mu_;
   struct Region {
     const void* base;
     size_t len;
+    int fd = -1;            // a dma-buf's (our dup; closed at deregistration), or -1
+    uint64_t offset = 0;
   };
+  // Registers `r` on `d` (ibv_reg_mr or ibv_reg_dmabuf_mr); null with errno set on failure.
+  ibv_mr* reg_on(Device& d, const Region& r);
   std::map<uint64_t, Region> regions_;   // registered, by handle: for devices opened later
   std::map<std::string, std::shared_ptr<Device>> open_;
   std::map<std::string, PortRef> by_nic_;   // by the NIC's IPv4 address

@@ -84,6 +84,15 @@ class VerbsTransport final : public Transport {
     devices_.register_region(base, len, m.handle);
     return m;
   }
+  std::string dmabuf_support() const override { return devices_.dmabuf_support(); }
+  MemRegion register_dmabuf(const void* base, size_t len, const DmaBuf& buf) override {
+    MemRegion m;
+    m.base = base;
+    m.len = len;
+    m.handle = next_region_.fetch_add(1) + 1;
+    devices_.register_region(base, len, m.handle, &buf);
+    return m;
+  }
   void deregister_memory(const MemRegion& m) override {
     if (m.handle) devices_.deregister_region(m.handle);
   }
@@ -94,7 +103,7 @@ class VerbsTransport final : public Transport {
 
  private:
   const VerbsApi* api_;
-  Devices devices_;
+  mutable Devices devices_;   // dmabuf_support reads the open devices under their lock
   VerbsOptions opt_;
   std::atomic<uint64_t> next_region_{0};
 };
@@ -116,10 +125,23 @@ std::string gpudirect_report() {
   std::string why;
   const VerbsApi* api = verbs_api(&why);
   const bool peermem = access("/sys/module/nvidia_peermem", F_OK) == 0;
-  std::string s = "not used (frames are staged through host bounce buffers); this host has: ";
-  s += api ? (api->reg_dmabuf_mr ? "ibv_reg_dmabuf_mr in libibverbs" : "no ibv_reg_dmabuf_mr in libibverbs")
-           : "no libibverbs";
+  std::string s = "device memory is not moved yet (registered host memory is, by one-sided writes); this host has: ";
+  if (!api) return s + "no libibverbs";
+  s += api->reg_dmabuf_mr ? "ibv_reg_dmabuf_mr in libibverbs" : "no ibv_reg_dmabuf_mr in libibverbs";
   s += peermem ? ", nvidia_peermem loaded" : ", no nvidia_peermem module";
+  // Each device's own answer (the probe the transport runs when it opens one).
+  int n = 0;
+  ibv_device** list = api->get_device_list(&n);
+  for (int i = 0; list && i < n; i++) {
+    const std::string name = api->get_device_name(list[i]);
+    ibv_context* ctx = api->open_device(list[i]);
+    ibv_pd* pd = ctx ? api->alloc_pd(ctx) : nullptr;
+    const std::string no = pd ? verbs::probe_dmabuf(*api, pd, name) : name + " could not be opened";
+    s += "; " + (no.empty() ? name + " registers dma-bufs" : no);
+    if (pd) api->dealloc_pd(pd);
+    if (ctx) api->close_device(ctx);
+  }
+  if (list) api->free_device_list(list);
   return s;
 }
 

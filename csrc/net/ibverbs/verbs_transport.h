@@ -74,8 +74,8 @@ struct VerbsOptions {
 std::string verbs_unavailable_reason();
 
 // What GPUDirect RDMA would need that this host has, as a sentence: libibverbs with
-// ibv_reg_dmabuf_mr, the nvidia-peermem module. The data path does not use it: frames are
-// copied through host bounce buffers (docs/design.md §10), so no device memory is registered.
+// ibv_reg_dmabuf_mr, the nvidia-peermem module, and each RDMA device's answer to the dma-buf
+// probe (verbs_device.cc). The data path moves no device memory yet (docs/design.md §10).
 std::string gpudirect_report();
 
 // Whether `nic` maps to an ACTIVE RDMA port in `ports` (rdma_ports(): one scan serves every
