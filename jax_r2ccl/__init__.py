@@ -28,6 +28,7 @@ _LAZY = {
     **{name: "_src.ops" for name in ("psum", "pmean", "pmax", "pmin", "all_gather", "psum_scatter",
                                      "all_to_all", "enabled", "install", "uninstall")},
     "metrics": "monitoring.metrics",
+    "swap_fallbacks": "_src.ops",
 }
 
 __all__ = ["R2cclError", "__version__", *_LAZY]

@@ -448,6 +448,64 @@ def misc(rank, world, local):
     return res
 
 
+def swap_transparent(rank, world, local):
+    """Programs that run on plain JAX but that the lowering swap cannot serve on jax_r2ccl yet
+    (axis_index_groups, a partly-manual shard_map, a dtype jax_r2ccl does not move), each beside
+    a collective it does serve in the same program: with the swap on, every one runs, equals
+    jax's own result bit for bit, keeps jax's lowering for what falls back (named in
+    jax_r2ccl.swap_fallbacks()) and r2ccl's for the rest."""
+    jax, jnp, Mesh, NamedSharding, P = _jax()
+    import jax_r2ccl
+    devs = np.array(sorted(jax.devices(), key=lambda d: (d.process_index, d.id)))
+    N = devs.size
+    flat = Mesh(devs, ("i",))
+    grid = Mesh(devs.reshape(world, local), ("p", "l"))
+    blocks = [exact_block(p, "float32", seed=5) for p in range(N)]
+    xf = global_array(flat, ("i",), blocks)
+    xg = global_array(grid, ("p", "l"), blocks)
+    half = N // 2
+    pairs = [list(range(g * half, (g + 1) * half)) for g in range(2)]         # [[0, 1], [2, 3]]
+    strided = [list(range(g, N, 2)) for g in range(2)]                        # [[0, 2], [1, 3]]
+
+    def on_flat(f):
+        return jax.jit(jax.shard_map(f, mesh=flat, in_specs=P("i"), out_specs=P("i"), check_vma=False))
+
+    progs = {
+        # groups inside the mesh axis, and a plain psum beside them
+        "psum_groups": (on_flat(lambda v: jax.lax.psum(v, "i", axis_index_groups=pairs)
+                                + jax.lax.psum(v, "i")), xf),
+        "pmax_groups": (on_flat(lambda v: jax.lax.pmax(v, "i", axis_index_groups=strided)), xf),
+        "all_gather_groups": (on_flat(lambda v: jax.lax.all_gather(v, "i", axis_index_groups=strided, tiled=True)
+                                      .reshape(-1)[: v.size].reshape(v.shape) + jax.lax.psum(v, "i")), xf),
+        # manual over "p" only: "l" stays automatic (axis_names=)
+        "partly_manual": (jax.jit(jax.shard_map(lambda v: jax.lax.psum(v, "p"), mesh=grid, in_specs=P("p"),
+                                                out_specs=P("p"), axis_names={"p"})), xg),
+        # a dtype jax_r2ccl does not move, beside one it does
+        "complex_psum": (on_flat(lambda v: jnp.real(jax.lax.psum(v.astype(jnp.complex64) * (1 + 1j), "i"))
+                                 + jax.lax.psum(v, "i")), xf),
+    }
+    expect_r2ccl = {"psum_groups": 1, "pmax_groups": 0, "all_gather_groups": 1, "partly_manual": 0,
+                    "complex_psum": 1}
+    res = {}
+    for name, (f, x) in progs.items():
+        ref = np.asarray(jax.device_get(f(x).addressable_shards[0].data))
+        jax.clear_caches()
+        out = {}
+        try:
+            with jax_r2ccl.enabled():
+                text = f.lower(x).as_text()
+                got = np.asarray(jax.device_get(f(x).addressable_shards[0].data))
+            out["equal"] = got.dtype == ref.dtype and got.tobytes() == ref.tobytes()
+            out["r2ccl_calls"] = text.count("r2ccl_collective")
+            out["expect_r2ccl"] = expect_r2ccl[name]
+        except Exception as e:   # the defect under test: the swap raised where jax alone runs
+            out["raised"] = f"{type(e).__name__}: {e}"
+        jax.clear_caches()
+        res[name] = out
+    res["fallbacks"] = sorted(f"{op}: {why}" for (op, why) in jax_r2ccl.swap_fallbacks())
+    return res
+
+
 def _barrier(name):
     from jax_r2ccl._compat.jax_kv import distributed_client
     distributed_client().wait_at_barrier("r2ccl-test-" + name, 60_000)

@@ -161,6 +161,20 @@ def test_lowering_swap_reroutes_jax_lax_collectives(misc):
         assert s["nested_install_r2ccl_calls"] == 1, s
 
 
+def test_the_swap_never_breaks_a_program_that_runs_without_it():
+    # axis_index_groups, a partly-manual shard_map and a complex dtype used to raise at
+    # lowering with the swap on; now each keeps jax's lowering (named), the collectives beside
+    # them still run on jax_r2ccl, and every result equals jax's own bit for bit.
+    for r in [r["result"] for r in run_jax_ranks("swap_transparent", 2, local=2, timeout=180)]:
+        for name in ("psum_groups", "pmax_groups", "all_gather_groups", "partly_manual", "complex_psum"):
+            out = r[name]
+            assert "raised" not in out, (name, out)
+            assert out["equal"] and out["r2ccl_calls"] == out["expect_r2ccl"], (name, out)
+        assert r["fallbacks"] == ["jax.lax.all_gather: axis_index_groups", "jax.lax.pmax: axis_index_groups",
+                                  "jax.lax.psum: a shard_map manual over only some mesh axes",
+                                  "jax.lax.psum: axis_index_groups", "jax.lax.psum: dtype complex64"], r["fallbacks"]
+
+
 def test_lowering_swap_routes_the_gradient_all_reduce_of_invariant_params(misc):
     for res in misc:
         s = res["swap_vma_grad"]

@@ -212,6 +212,15 @@ NB_MODULE(_core, m) {
     if (bad.empty()) bad = coll::plan_setting_error(c.plan);
     return bad.empty() ? coll::algo_setting_error(c.algo) : bad;
   });
+  m.def(
+      "log",
+      [](int level, const std::string& text) {
+        if (level < 0 || level > static_cast<int>(LogLevel::kTrace))
+          throw Error(Cause::kInvalidArgument, -1, "log level " + std::to_string(level) + " (0 ERROR .. 3 TRACE)");
+        R2_LOG(static_cast<LogLevel>(level), "%s", text.c_str());
+      },
+      nb::arg("level"), nb::arg("text"),
+      "One line through the one logger (R2CCL_DEBUG): level 0 ERROR, 1 WARN, 2 INFO, 3 TRACE.");
   m.def("config_defaults", [config_defaults] { return config_defaults.attr("copy")(); },
         "Every Config field's default, from a default-constructed r2ccl::Config.");
   m.def(

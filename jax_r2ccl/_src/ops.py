@@ -34,7 +34,8 @@ jax_r2ccl.enabled(), which routes JAX's own gradient all-reduce through jax_r2cc
 
 `enabled()`, `install()`, `uninstall()`: the lowering swap (see jax_r2ccl._src.swap): plain
 jax.lax collectives inside shard_map lower to jax_r2ccl for functions traced while it is on.
-Collectives the SPMD partitioner inserts on its own are never rerouted.
+Collectives the SPMD partitioner inserts on its own are never rerouted; a bind the swap cannot
+serve keeps jax's own lowering, counted in `swap_fallbacks()` (never an exception).
 
 How a collective is lowered (communicator, op id, data movement): jax_r2ccl._src.lowering.
 """
@@ -45,9 +46,10 @@ from .gather_scatter import all_gather, psum_scatter, r2ccl_all_gather_p, r2ccl_
 from .reductions import (pmax, pmean, pmin, psum, r2ccl_pmax_p, r2ccl_pmin_p, r2ccl_psum_invariant_p,
                               r2ccl_psum_p)
 from .swap import enabled, install, installed, uninstall
+from .swap import fallbacks as swap_fallbacks
 
 SUPPORTED_DTYPES = _lowering.SUPPORTED_DTYPES
 _lowering.install_guards()
 
 __all__ = ["psum", "pmean", "pmax", "pmin", "all_gather", "psum_scatter", "all_to_all", "enabled", "install",
-           "uninstall", "installed", "SUPPORTED_DTYPES"]
+           "uninstall", "installed", "swap_fallbacks", "SUPPORTED_DTYPES"]

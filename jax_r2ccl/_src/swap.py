@@ -13,13 +13,20 @@ bind; with check_vma on, psum binds psum_invariant_p), and the collectives JAX i
 while differentiating in a shard_map (with check_vma on, the transpose of pvary — the
 gradient all-reduce of an invariant parameter — is psum_invariant_p).
 
+The swap never makes a program fail that runs without it: a bind it cannot serve goes to
+jax's own lowering (a fallback), counted by (operation, reason) in fallbacks() and logged once
+per pair at R2CCL_DEBUG=INFO. The reasons: axis_index_groups; a shard_map manual over only some
+mesh axes (axis_names=); an abstract mesh; an axis that is no mesh axis; a vmap axis together
+with mesh axes (all_gather, psum_scatter, all_to_all); a dtype jax_r2ccl does not move.
+
 What it does not reroute:
   * collectives the SPMD partitioner (Shardy/GSPMD) inserts on its own: jit on sharded
     arrays outside shard_map, resharding between shardings, reductions over sharded
     dimensions, a shard_map's in/out_specs transfers. They never pass through these
     primitives;
-  * pmap (its collectives keep XLA's lowering), axis_index_groups (an error), ppermute,
-    pbroadcast, psend/precv, ragged_all_to_all, the *_start/*_done async collectives;
+  * pmap outside shard_map's machinery (its collectives keep XLA's lowering), the fallbacks
+    above, ppermute, pbroadcast, psend/precv, ragged_all_to_all, the *_start/*_done async
+    collectives;
   * code already lowered: jax.jit caches the lowering and the executable of a function per
     argument signature, so a function traced and compiled before the swap keeps XLA's
     collectives, and one compiled inside keeps r2ccl's afterwards. Trace a function for the
@@ -38,6 +45,48 @@ from .._compat.jaxapi import mlir
 _lock = threading.Lock()
 _saved: dict = {}        # prim -> ({platform: previous entry or None}, was uncacheable)
 _depth = [0]
+_fallbacks: dict = {}    # (operation, reason) -> binds lowered by jax's own rule
+
+
+def fallbacks() -> dict:
+    """{(operation, reason): count} of collectives the swap left to jax's own lowering since the
+    process started (counted per lowering, not per run: a jit cache hit lowers nothing)."""
+    with _lock:
+        return dict(_fallbacks)
+
+
+def _unserved(ctx, axes, axis_index_groups=None, positional_ok=False):
+    """Why jax_r2ccl cannot lower this bind (jax's rule then does), or None."""
+    if axis_index_groups is not None:
+        return "axis_index_groups"
+    axis_ctx = ctx.module_context.axis_context
+    mesh = axis_ctx.mesh
+    if not hasattr(mesh, "devices"):
+        return "an abstract mesh"
+    names = tuple(mesh.axis_names)
+    if frozenset(axis_ctx.manual_axes) != frozenset(names):
+        return "a shard_map manual over only some mesh axes"
+    named = [a for a in axes if not isinstance(a, int)]
+    if len(named) < len(axes) and not positional_ok and named:
+        return "a vmap axis together with mesh axes"
+    if any(a not in names for a in named):
+        return "an axis that is no mesh axis"
+    dtype = ctx.avals_in[0].dtype
+    if not lowering._supported(dtype):
+        return f"dtype {dtype}"
+    return None
+
+
+def _fall_back(ctx, what, why, args, params):
+    key = (what, why)
+    with _lock:
+        first = key not in _fallbacks
+        _fallbacks[key] = _fallbacks.get(key, 0) + 1
+    if first:
+        from .. import _core
+        _core.log(2, f"lowering swap: {what} with {why} is lowered by jax itself, not jax_r2ccl (counted in "
+                     f"jax_r2ccl.swap_fallbacks())")
+    return _original(ctx, *args, **params)
 
 
 def _positional_then(ctx, arg, axes, pos_fn, what, op):
@@ -57,51 +106,65 @@ def _positional_then(ctx, arg, axes, pos_fn, what, op):
     return lowering.lower_all_reduce(ctx, arg, axes=named, op=op, what=what)
 
 
-def _no_groups(what, axis_index_groups):
-    if axis_index_groups is not None:
-        raise NotImplementedError(f"{what} with axis_index_groups cannot be lowered to jax_r2ccl (the lowering swap "
-                                  f"is on): use mesh axes for the groups, or leave the swap off")
-
-
 def _allreduce_rule(op, pos_fn, name):
     def rule(ctx, arg, *, axes, axis_index_groups=None):
-        what = f"jax.lax.{name} (via jax_r2ccl)"
-        _no_groups(what, axis_index_groups)
-        return _positional_then(ctx, arg, axes, pos_fn, what, op)
+        what = f"jax.lax.{name}"
+        why = _unserved(ctx, tuple(axes), axis_index_groups, positional_ok=True)
+        if why:
+            return _fall_back(ctx, what, why, (arg,), dict(axes=axes, axis_index_groups=axis_index_groups))
+        return _positional_then(ctx, arg, axes, pos_fn, what + " (via jax_r2ccl)", op)
     return rule
 
 
 def _psum_invariant_rule(ctx, arg, *, axes):
+    why = _unserved(ctx, tuple(axes), positional_ok=True)
+    if why:
+        return _fall_back(ctx, "jax.lax.psum", why, (arg,), dict(axes=axes))
     return lowering.lower_all_reduce(ctx, arg, axes=tuple(axes), op="sum", what="jax.lax.psum (via jax_r2ccl)")
 
 
-def _all_gather_rule(ctx, x, *, all_gather_dimension, axis_name, axis_size, tiled, axis_index_groups=None, **_):
-    _no_groups("jax.lax.all_gather", axis_index_groups)
+def _all_gather_rule(ctx, x, *, all_gather_dimension, axis_name, axis_size, tiled, axis_index_groups=None, **rest):
+    why = _unserved(ctx, lowering.as_axes(axis_name), axis_index_groups)
+    if why:
+        return _fall_back(ctx, "jax.lax.all_gather", why, (x,),
+                          dict(all_gather_dimension=all_gather_dimension, axis_name=axis_name, axis_size=axis_size,
+                               tiled=tiled, axis_index_groups=axis_index_groups, **rest))
     return lowering.lower_all_gather(ctx, x, all_gather_dimension=all_gather_dimension,
                                      axis_name=lowering.as_axes(axis_name), axis_size=axis_size, tiled=tiled,
                                      what="jax.lax.all_gather (via jax_r2ccl)")
 
 
 def _reduce_scatter_rule(ctx, x, *, scatter_dimension, axis_name, axis_index_groups, axis_size, tiled):
-    _no_groups("jax.lax.psum_scatter", axis_index_groups)
+    why = _unserved(ctx, lowering.as_axes(axis_name), axis_index_groups)
+    if why:
+        return _fall_back(ctx, "jax.lax.psum_scatter", why, (x,),
+                          dict(scatter_dimension=scatter_dimension, axis_name=axis_name,
+                               axis_index_groups=axis_index_groups, axis_size=axis_size, tiled=tiled))
     return lowering.lower_reduce_scatter(ctx, x, scatter_dimension=scatter_dimension,
                                          axis_name=lowering.as_axes(axis_name), axis_size=axis_size, tiled=tiled,
                                          what="jax.lax.psum_scatter (via jax_r2ccl)")
 
 
 def _all_to_all_rule(ctx, x, *, split_axis, concat_axis, axis_name, axis_index_groups, tiled):
-    _no_groups("jax.lax.all_to_all", axis_index_groups)
+    why = _unserved(ctx, lowering.as_axes(axis_name), axis_index_groups)
+    if why:
+        return _fall_back(ctx, "jax.lax.all_to_all", why, (x,),
+                          dict(split_axis=split_axis, concat_axis=concat_axis, axis_name=axis_name,
+                               axis_index_groups=axis_index_groups, tiled=tiled))
     return lowering.lower_all_to_all(ctx, x, split_axis=split_axis, concat_axis=concat_axis,
                                      axis_name=lowering.as_axes(axis_name), what="jax.lax.all_to_all (via jax_r2ccl)")
 
 
 def _original(ctx, *args, **params):
-    """The rule jax.lax uses for this primitive (for contexts r2ccl does not serve: pmap)."""
+    """The rule jax.lax uses for this primitive: the platform's own if it had one before the
+    swap, else jax's generic one (contexts r2ccl does not serve: pmap, the fallbacks)."""
     prim = ctx.primitive
-    entry = _saved.get(prim, (None, False))[0]
-    if entry is None:
-        entry = jaxapi.lowering_rule(prim, "cpu")[1]
-    return entry.rule(ctx, *args, **params)
+    saved = _saved.get(prim, ({}, False))[0]
+    for platform in ctx.module_context.platforms:
+        entry = saved.get(platform)
+        if entry is not None:
+            return entry.rule(ctx, *args, **params)
+    return jaxapi.lowering_rule(prim, "cpu")[1].rule(ctx, *args, **params)
 
 
 def _spmd_only(rule):
@@ -174,4 +237,4 @@ def enabled():
         uninstall()
 
 
-__all__ = ["enabled", "install", "uninstall", "installed"]
+__all__ = ["enabled", "install", "uninstall", "installed", "fallbacks"]
