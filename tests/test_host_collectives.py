@@ -19,6 +19,10 @@ def _cases(n_ranks):
         cases.append(("all_gather", dt, "sum", 123, 0))
         cases.append(("all_to_all", dt, "sum", n_ranks * 50, 0))
         cases.append(("broadcast", dt, "sum", 99, n_ranks - 1))
+        cases.append(("permute", dt, "sum", 77, 0, [(r + 1 + i) % n_ranks for r in range(n_ranks)]))
+    # partial: rank 0 sends nowhere, nothing arrives at rank 1 (zeros); a fixed point
+    cases.append(("permute", "float32", "sum", 500, 0, [-1] + [(r + 1) % n_ranks for r in range(1, n_ranks)]))
+    cases.append(("permute", "int64", "sum", 64, 0, list(range(n_ranks))))
     cases.append(("all_reduce", "bool", "max", 100, 0))
     cases.append(("all_reduce", "bool", "min", 100, 0))
     cases.append(("all_reduce", "float32", "sum", 0, 0))
@@ -51,6 +55,32 @@ def test_rail_fault_in_the_middle_of_an_all_reduce_is_bit_exact(fault):
     for r in rs:
         assert r["result"]["bad"] == [], r["result"]["bad"]
     assert rs[0]["result"]["stats"]["1"][2]["failures"] >= 1
+
+
+@pytest.mark.parametrize("world,local", [(2, 2), (3, 1)])
+def test_a_large_permute_through_a_rail_fault_is_bit_exact(world, local):
+    # jax.lax.ppermute's collective: 32 MiB per rank around the ring, a rail closed 80 ms in.
+    n = world * local
+    ring = [(r + local) % n for r in range(n)]      # every block crosses to the next process
+    cases = [("permute", "float32", "sum", 8 << 20, 0, ring)] * 2
+    rs = run_ranks("host_collective", world, timeout=120, args={
+        "cases": cases, "local": local, "rate": 40e6, "fault": {"case": 0, "after_s": 0.08, "rail": 1, "fault": "close"}})
+    for r in rs:
+        assert r["result"]["bad"] == [], r["result"]["bad"]
+    assert rs[0]["result"]["stats"]["1"][1]["failures"] >= 1
+
+
+@pytest.mark.parametrize("what", ["perm", "bad_perm"])
+def test_a_permute_the_processes_disagree_on_or_that_is_impossible_fails_everywhere(what):
+    rs = run_ranks("host_mismatch", 3, timeout=60, args={"what": what})
+    for r in rs:
+        res = r["result"]
+        assert res["error"] and "permute" in res["error"], res
+        if what == "perm":
+            assert res["cause"] == "mismatch", res
+        else:
+            assert res["cause"] == "invalid_argument" and "sends to rank 0 twice" in res["error"], res
+        assert res["after"] == [6] * 10, res
 
 
 @pytest.mark.parametrize("what", ["size", "dtype", "op"])

@@ -175,6 +175,20 @@ def test_the_swap_never_breaks_a_program_that_runs_without_it():
                                   "jax.lax.psum: axis_index_groups", "jax.lax.psum: dtype complex64"], r["fallbacks"]
 
 
+@pytest.mark.parametrize("local", [2, 1])
+def test_ppermute_under_the_swap_rides_the_rails_and_equals_jax_lax(local):
+    # Two processes: every program moves blocks between processes over the rails (and, with
+    # two devices each, between a process's own devices by copy).
+    for r in [r["result"] for r in run_jax_ranks("ppermute_cases", 2, local=local, timeout=240)]:
+        for name, out in r.items():
+            if name == "fallbacks":
+                continue
+            assert "raised" not in out, (name, out)
+            assert out["equal"], (name, out)
+            assert out["r2ccl_calls"] >= 1 and out["collective_permutes"] == 0, (name, out)
+        assert r["fallbacks"] == [], r["fallbacks"]
+
+
 def test_lowering_swap_routes_the_gradient_all_reduce_of_invariant_params(misc):
     for res in misc:
         s = res["swap_vma_grad"]

@@ -467,9 +467,15 @@ def _fold(op, xs):
     return acc
 
 
-def host_reference(kind, op, inputs_by_rank, process_of_rank, root=0):
+def host_reference(kind, op, inputs_by_rank, process_of_rank, root=0, perm=None):
     """What every rank's output must be, in the library's canonical (hierarchical) order."""
     n = len(process_of_rank)
+    if kind == "permute":
+        out = [np.zeros_like(inputs_by_rank[0]) for _ in range(n)]
+        for r, d in enumerate(perm):
+            if d >= 0:
+                out[d] = inputs_by_rank[r]
+        return out
     procs = list(dict.fromkeys(process_of_rank))
     if kind in ("all_reduce", "reduce_scatter"):
         partial = [_fold(op, [inputs_by_rank[r] for r in range(n) if process_of_rank[r] == p]) for p in procs]
@@ -501,14 +507,15 @@ def host_collective(ep, rank, world, cases, local=1, fault=None, rate=None):
                     ep.inject(peer, s["rail"], "rate", rate)
     bad = []
     timer = None
-    for i, (kind, dtype, op, count, root) in enumerate(cases):
+    for i, (kind, dtype, op, count, root, *perm) in enumerate(cases):
+        perm = perm[0] if perm else None
         if fault and i == fault["case"] and rank == 0:
             timer = threading.Timer(fault["after_s"], lambda: ep.inject(1, fault["rail"], fault["fault"]))
             timer.start()
         ins = {r: _rank_input(kind, dtype, count, r, seed=i) for r in range(len(process_of_rank))}
         outs = hc.run(kind, [ins[r] for r in my_ranks], process_of_rank=process_of_rank, my_ranks=my_ranks,
-                      op=op, root=root)
-        ref = host_reference(kind, op, [ins[r] for r in range(len(process_of_rank))], process_of_rank, root)
+                      op=op, root=root, perm=perm)
+        ref = host_reference(kind, op, [ins[r] for r in range(len(process_of_rank))], process_of_rank, root, perm)
         for r, o in zip(my_ranks, outs):
             want = ref[r]
             if o.dtype != want.dtype or o.shape != want.shape or o.tobytes() != want.tobytes():
@@ -527,7 +534,11 @@ def host_mismatch(ep, rank, world, what):
     the next collective works."""
     from jax_r2ccl.transport.host_collectives import HostCollectives
     hc = HostCollectives(ep)
-    n, dt, op, plan, algo = 1000, np.float32, "sum", "", ""
+    n, dt, op, plan, algo, kind, perm = 1000, np.float32, "sum", "", "", "all_reduce", None
+    if what == "perm":   # a permute: process 1 sends the other way round
+        kind, perm = "permute", [(r + (1 if rank != 1 else -1)) % world for r in range(world)]
+    if what == "bad_perm":   # every process asks for the same impossible permutation
+        kind, perm = "permute", [0] * world
     if what == "plan":   # a large all-reduce: the planned path
         n, plan = 100_000, ("optimal" if rank == 1 else "balance")
     if what == "algo":   # process 1 runs direct, the others the ring
@@ -542,8 +553,8 @@ def host_mismatch(ep, rank, world, what):
     out = {}
     t0 = time.monotonic()
     try:
-        hc.run("all_reduce", [np.ones(n, dt)], process_of_rank=list(range(world)), my_ranks=[rank], op=op,
-               timeout=5.0, plan=plan, algo=algo)
+        hc.run(kind, [np.ones(n, dt)], process_of_rank=list(range(world)), my_ranks=[rank], op=op,
+               timeout=5.0, plan=plan, algo=algo, perm=perm)
         out["error"] = None
     except R2cclError as e:
         out.update(error=str(e), cause=e.cause)

@@ -54,6 +54,19 @@ std::string validate(const ProcessCall& c, int my_process) {
   if (c.kind == Kind::kAllToAll && c.count % static_cast<uint64_t>(n) != 0)
     return "all_to_all needs an input size divisible by the group size (" + std::to_string(c.count) +
            " elements over " + std::to_string(n) + " ranks)";
+  if (c.kind == Kind::kPermute) {
+    if (c.perm.size() != static_cast<size_t>(n))
+      return "permute needs one destination per rank (" + std::to_string(c.perm.size()) + " for a group of " +
+             std::to_string(n) + ")";
+    std::vector<bool> taken(static_cast<size_t>(n), false);
+    for (int d : c.perm) {
+      if (d < -1 || d >= n) return "permute destination " + std::to_string(d) + " is outside the group of " + std::to_string(n);
+      if (d >= 0 && taken[static_cast<size_t>(d)]) return "permute sends to rank " + std::to_string(d) + " twice";
+      if (d >= 0) taken[static_cast<size_t>(d)] = true;
+    }
+  } else if (!c.perm.empty()) {
+    return std::string(kind_name(c.kind)) + " takes no permutation";
+  }
   if (c.kind == Kind::kBroadcast && (c.root < 0 || c.root >= n))
     return "broadcast root " + std::to_string(c.root) + " is outside the group of " + std::to_string(n);
   PlanKind pk;
@@ -120,8 +133,8 @@ class Executor::Op {
     for (int p : c_.process_of_rank)
       if (std::find(procs_.begin(), procs_.end(), p) == procs_.end()) procs_.push_back(p);
     mi_ = static_cast<int>(std::find(procs_.begin(), procs_.end(), me_) - procs_.begin());
-    // All-to-all moves fixed blocks between fixed pairs: always direct.
-    algo_ = c_.kind == Kind::kAllToAll ? AlgoKind::kDirect
+    // All-to-all and permute move fixed blocks between fixed pairs: always direct.
+    algo_ = c_.kind == Kind::kAllToAll || c_.kind == Kind::kPermute ? AlgoKind::kDirect
                                        : choose_algo(want, static_cast<int>(procs_.size()), opt_.max_peers,
                                                      c_.kind == Kind::kAllReduce, static_cast<double>(c_.count * esize_));
     ring_ = algo_ == AlgoKind::kRing && procs_.size() > 1;
@@ -209,7 +222,11 @@ class Executor::Op {
       // folded without its signature compared. Found by the TSan run, whose timing made a
       // dtype/op disagreement finish as a success on one process.
       if (!signatures_agree()) return true;
-      for (auto& cp : final_copies_) std::memmove(cp.dst, cp.src, cp.bytes);
+      for (auto& cp : final_copies_)
+        if (cp.src)
+          std::memmove(cp.dst, cp.src, cp.bytes);
+        else if (cp.bytes)
+          std::memset(cp.dst, 0, cp.bytes);   // permute: a rank no one sends to
       return finish(nullptr);
     }
     if (mono_ns() > deadline_ns_) {
@@ -397,7 +414,8 @@ class Executor::Op {
   // every process with both versions named. Equal-sized mismatches (float32 vs int32) would
   // otherwise go unseen.
   Sig signature() const {
-    return make_signature(c_.kind, c_.dtype, c_.op, plan_kind_, algo_, c_.count, c_.root, c_.process_of_rank, c_.tag);
+    return make_signature(c_.kind, c_.dtype, c_.op, plan_kind_, algo_, c_.count, c_.root, c_.process_of_rank, c_.tag,
+                          c_.perm);
   }
 
   // Separate signature messages (large collectives; small all-reduces carry theirs in front
@@ -518,7 +536,9 @@ class Executor::Op {
     return Error(Cause::kMismatch, peer,
                  "process " + std::to_string(peer) + " called " + describe_signature(other) + " but process " +
                      std::to_string(me_) + " called " + describe_signature(my_sig_) +
-                     (other[3] != my_sig_[3] ? " over a different group" : "") +
+                     (other[3] != my_sig_[3]
+                          ? (c_.kind == Kind::kPermute ? " over a different group or permutation" : " over a different group")
+                          : "") +
                      (c_.what.empty() ? "" : " [" + c_.what + "]"));
   }
 
@@ -673,6 +693,31 @@ class Executor::Op {
             recv(c_.process_of_rank[r], mix_tag(c_.tag, 6, static_cast<uint64_t>(r), static_cast<uint64_t>(j), 0),
                  at(c_.out[i], chunk * static_cast<uint64_t>(r)), bytes);
           }
+        }
+        break;
+      }
+      case Kind::kPermute: {
+        // Rank r's input goes to rank perm[r]: a copy when that rank is ours, else one message.
+        const uint64_t bytes = N * esize_;
+        std::vector<int> source(static_cast<size_t>(n), -1);
+        for (int r = 0; r < n; r++)
+          if (c_.perm[static_cast<size_t>(r)] >= 0) source[static_cast<size_t>(c_.perm[static_cast<size_t>(r)])] = r;
+        for (size_t i = 0; i < c_.my_ranks.size(); i++) {
+          const int r = c_.my_ranks[i], d = c_.perm[static_cast<size_t>(r)];
+          if (d < 0) continue;
+          if (c_.process_of_rank[d] == me_)
+            final_copies_.push_back({c_.out[local_index(d)], c_.in[i], bytes});
+          else
+            send(c_.process_of_rank[d], mix_tag(c_.tag, 8, static_cast<uint64_t>(r), static_cast<uint64_t>(d), 0),
+                 c_.in[i], bytes);
+        }
+        for (size_t i = 0; i < c_.my_ranks.size(); i++) {
+          const int r = c_.my_ranks[i], s = source[static_cast<size_t>(r)];
+          if (s < 0)
+            final_copies_.push_back({c_.out[i], nullptr, bytes});
+          else if (c_.process_of_rank[s] != me_)
+            recv(c_.process_of_rank[s], mix_tag(c_.tag, 8, static_cast<uint64_t>(s), static_cast<uint64_t>(r), 0),
+                 c_.out[i], bytes);
         }
         break;
       }

@@ -33,11 +33,12 @@
 
 namespace r2ccl::coll {
 
-enum class Kind : int { kAllReduce = 0, kReduceScatter, kAllGather, kAllToAll, kBroadcast };
+enum class Kind : int { kAllReduce = 0, kReduceScatter, kAllGather, kAllToAll, kBroadcast, kPermute };
 // The kinds' names in enum order: the one list. The FFI attribute `kind` is the index, so
 // jax_r2ccl's lowering and host collectives read it from _core.names() instead of a copy.
-inline constexpr const char* kKindNames[] = {"all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast"};
-static_assert(std::size(kKindNames) == static_cast<size_t>(Kind::kBroadcast) + 1, "a Kind without a name");
+inline constexpr const char* kKindNames[] = {"all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast",
+                                            "permute"};
+static_assert(std::size(kKindNames) == static_cast<size_t>(Kind::kPermute) + 1, "a Kind without a name");
 const char* kind_name(Kind k);
 bool parse_kind(const std::string& name, Kind* out);   // inverse of kind_name; false when unknown
 
@@ -51,6 +52,9 @@ struct ProcessCall {
   DType dtype = DType::kF32;
   ReduceOp op = ReduceOp::kSum;
   int root = 0;                          // broadcast: the rank whose input everyone gets
+  // permute (jax.lax.ppermute): each rank's destination rank, or -1 (sends nothing); no two
+  // ranks share a destination; a rank no one sends to gets zeros. Equal on every process.
+  std::vector<int> perm;
   uint64_t tag = 0;                      // unique per collective instance, equal on every process
   std::vector<int> process_of_rank;      // the group, in rank order: each rank's process
   std::vector<int> my_ranks;             // the ranks this process holds, increasing

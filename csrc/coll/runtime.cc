@@ -174,16 +174,17 @@ void Runtime::abandon(const DeviceCall& call, const Error& why) {
   if (s.p->arrived >= s.local) pending_.erase(key);
 }
 
-void Runtime::register_comm(uint64_t comm_id, std::vector<std::vector<int>> groups, std::string name) {
+void Runtime::register_comm(uint64_t comm_id, std::vector<std::vector<int>> groups, std::string name,
+                            std::vector<int> perm) {
   std::lock_guard<std::mutex> g(mu_);
   auto it = comms_.find(comm_id);
   if (it != comms_.end()) {
-    if (it->second.groups != groups)
+    if (it->second.groups != groups || it->second.perm != perm)
       throw Error(Cause::kInvalidArgument, -1, "communicator id " + std::to_string(comm_id) + " (" + name +
                                                    ") was registered before with another layout");
     return;
   }
-  comms_[comm_id] = Comm{std::move(groups), std::move(name)};
+  comms_[comm_id] = Comm{std::move(groups), std::move(name), std::move(perm)};
 }
 
 const Config& Runtime::config() const { return ep_->config(); }
@@ -202,6 +203,9 @@ std::string Runtime::check_locked(const DeviceCall& call, size_t* n_ranks) const
     return "rank " + std::to_string(call.rank) + " of group " + std::to_string(call.group) + " of " + comm.name +
            " does not live in process " + std::to_string(my_process_);
   const uint64_t n = members.size();
+  if ((call.kind == Kind::kPermute) != !comm.perm.empty())
+    return call.kind == Kind::kPermute ? "permute on " + comm.name + ", which has no permutation"
+                                       : std::string(kind_name(call.kind)) + " on " + comm.name + ", a permute's communicator";
   if ((call.kind == Kind::kReduceScatter || call.kind == Kind::kAllToAll) && call.count % n != 0)
     return std::string(kind_name(call.kind)) + " needs an input size divisible by the group size (" +
            std::to_string(call.count) + " elements over " + std::to_string(n) + " ranks)";
@@ -289,6 +293,7 @@ bool Runtime::device_call(DeviceCall call) {
     pc.dtype = a.dtype;
     pc.op = a.op;
     pc.root = a.root;
+    if (a.kind == Kind::kPermute) pc.perm = comm.perm;
     pc.count = a.count;
     pc.prefolded = a.prefolded && (a.kind == Kind::kAllReduce || a.kind == Kind::kReduceScatter);
     pc.process_of_rank = members;

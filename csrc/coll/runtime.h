@@ -78,8 +78,10 @@ class Runtime : public std::enable_shared_from_this<Runtime> {
   size_t calls_in_progress() const;
 
   // groups[g][r] = the process of rank r of group g. Registering the same id again with the
-  // same layout is a no-op; with another layout it is an error.
-  void register_comm(uint64_t comm_id, std::vector<std::vector<int>> groups, std::string name);
+  // same layout is a no-op; with another layout it is an error. `perm`: a permute's
+  // communicator (ProcessCall::perm, the same in every group); only permutes run on it.
+  void register_comm(uint64_t comm_id, std::vector<std::vector<int>> groups, std::string name,
+                     std::vector<int> perm = {});
   // Hands one local rank's call over; `done` runs later (or at once on an error). Returns
   // true when this call is the only collective of the process in flight (its local
   // rendezvous aside): the caller may then wait for it briefly (see R2CCL_SYNC_WAIT_US).
@@ -108,6 +110,7 @@ class Runtime : public std::enable_shared_from_this<Runtime> {
   struct Comm {
     std::vector<std::vector<int>> groups;
     std::string name;
+    std::vector<int> perm;
   };
   struct Pending {
     std::vector<DeviceCall> calls;   // waiting for the other local ranks

@@ -94,7 +94,7 @@ inline std::string decode(coll::DeviceCall& c, uint64_t run_id, const xffi::AnyB
                           int64_t root) {
   if (!to_dtype(x.element_type(), &c.dtype)) return "unsupported operand dtype";
   if (out.element_type() != x.element_type()) return "the result buffer's dtype differs from the operand's";
-  if (kind < 0 || kind > static_cast<int64_t>(coll::Kind::kBroadcast) || reduce_op < 0 ||
+  if (kind < 0 || kind > static_cast<int64_t>(coll::Kind::kPermute) || reduce_op < 0 ||
       reduce_op > static_cast<int64_t>(coll::ReduceOp::kMax))
     return "bad collective attributes (kind " + std::to_string(kind) + ", reduce_op " + std::to_string(reduce_op) + ")";
   c.comm_id = static_cast<uint64_t>(comm_id);

@@ -584,10 +584,11 @@ NB_MODULE(_core, m) {
           [](coll::Executor& ex, const std::string& kind, const std::string& dtype, const std::string& op, int root,
              uint64_t tag, const std::vector<int>& process_of_rank, const std::vector<int>& my_ranks,
              std::vector<Buffer> inputs, std::vector<Buffer> outputs, uint64_t count, double timeout,
-             const std::string& what, const std::string& plan, const std::string& algo) {
+             const std::string& what, const std::string& plan, const std::string& algo, const std::vector<int>& perm) {
             coll::ProcessCall c;
             c.plan = plan;
             c.algo = algo;
+            c.perm = perm;
             if (!coll::parse_kind(kind, &c.kind))
               throw Error(Cause::kInvalidArgument, -1, "unknown collective '" + kind + "'");
             if (!coll::parse_dtype(dtype, &c.dtype))
@@ -620,7 +621,8 @@ NB_MODULE(_core, m) {
           },
           nb::arg("kind"), nb::arg("dtype"), nb::arg("op"), nb::arg("root"), nb::arg("tag"),
           nb::arg("process_of_rank"), nb::arg("my_ranks"), nb::arg("inputs"), nb::arg("outputs"), nb::arg("count"),
-          nb::arg("timeout"), nb::arg("what") = "", nb::arg("plan") = "", nb::arg("algo") = "")
+          nb::arg("timeout"), nb::arg("what") = "", nb::arg("plan") = "", nb::arg("algo") = "",
+          nb::arg("perm") = std::vector<int>{})
       .def(
           "set_capacity_source",
           [](coll::Executor& ex, nb::handle src) {
@@ -882,12 +884,13 @@ NB_MODULE(_core, m) {
       }, "Stops the runtime, the monitor, the executor and the endpoint, in that order.");
   m.def(
       "register_comm",
-      [](uint64_t comm_id, const std::vector<std::vector<int>>& groups, const std::string& name) {
+      [](uint64_t comm_id, const std::vector<std::vector<int>>& groups, const std::string& name,
+         const std::vector<int>& perm) {
         auto rt = coll::Runtime::current();
         if (!rt) throw Error(Cause::kInvalidArgument, -1, "jax_r2ccl.initialize() has not been called");
-        rt->register_comm(comm_id, groups, name);
+        rt->register_comm(comm_id, groups, name, perm);
       },
-      nb::arg("comm_id"), nb::arg("groups"), nb::arg("name"));
+      nb::arg("comm_id"), nb::arg("groups"), nb::arg("name"), nb::arg("perm") = std::vector<int>{});
 
   m.def("unix_time", &unix_time_s);
   m.def(

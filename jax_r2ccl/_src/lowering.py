@@ -152,7 +152,7 @@ def install_guards() -> None:
 class Comm:
     """A communicator over `axes` of a concrete mesh, and this mesh's lookup tables."""
 
-    def __init__(self, mesh, axes):
+    def __init__(self, mesh, axes, dest=()):
         names = tuple(mesh.axis_names)
         devs = np.asarray(mesh.devices)
         others = [a for a in names if a not in axes]
@@ -171,17 +171,22 @@ class Comm:
         self.name = "/".join(map(str, axes)) + " of mesh " + ",".join(f"{a}={mesh.shape[a]}" for a in names)
         self.key = ("r2ccl-comm|" + ",".join(map(str, axes)) + "|" + ",".join(f"{a}={mesh.shape[a]}" for a in names)
                     + "|" + ",".join(str(d.id) for d in arranged.flat))
+        # A permute's communicator: each rank's destination (-1: none), the same in every group.
+        self.perm = tuple(int(d) for d in dest)
+        if self.perm:
+            self.key += "|perm:" + ",".join(map(str, self.perm))
+            self.name = "ppermute over " + self.name
 
     def register(self) -> int:
-        return runtime.register_groups(self.groups, self.name, self.key)
+        return runtime.register_groups(self.groups, self.name, self.key, self.perm)
 
 
 @functools.lru_cache(maxsize=256)
-def _comm(mesh, axes) -> Comm:
-    return Comm(mesh, axes)
+def _comm(mesh, axes, perm=()) -> Comm:
+    return Comm(mesh, axes, perm)
 
 
-def communicator(ctx, axes, what: str) -> Comm:
+def communicator(ctx, axes, what: str, perm=()) -> Comm:
     axis_ctx = ctx.module_context.axis_context
     if not isinstance(axis_ctx, jaxapi.SPMDAxisContext):
         raise R2cclError(f"{what} over {axes}: jax_r2ccl collectives run inside jax.shard_map (this is a "
@@ -198,7 +203,7 @@ def communicator(ctx, axes, what: str) -> Comm:
         raise NotImplementedError(
             f"{what}: jax_r2ccl collectives need a fully manual shard_map (all mesh axes {names} manual); "
             f"this one is manual over {sorted(map(str, axis_ctx.manual_axes))} only")
-    return _comm(mesh, tuple(axes))
+    return _comm(mesh, tuple(axes), tuple(perm))
 
 
 # ----------------------------------------------------------------------------- HLO helpers
@@ -312,3 +317,20 @@ def lower_all_to_all(ctx, x, *, split_axis, concat_axis, axis_name, what="all_to
     y = _transpose(y, perm2)
     out = sp[:ca] + (n * sp[ca],) + sp[ca + 1:]
     return [_reshape(y, out, dtype)]
+
+
+def lower_permute(ctx, x, *, axis_name, perm, what="ppermute"):
+    """jax.lax.ppermute: the input of the rank at axis index a goes to the rank at b for every
+    (a, b) in `perm`; a rank no pair sends to gets zeros (jax.lax's semantics)."""
+    aval, s, dtype = _check(ctx, what)
+    axes = as_axes(axis_name)
+    n = communicator(ctx, axes, what).n
+    dest = [-1] * n
+    for a, b in perm:
+        if not (0 <= a < n and 0 <= b < n) or dest[a] != -1 or b in dest:
+            raise R2cclError(f"{what}: {list(map(tuple, perm))} is no permutation of the {n} ranks of {axes}")
+        dest[a] = b
+    if n == 1:
+        return [x if dest[0] == 0 else mlir.full_like_aval(ctx, 0, aval)]
+    comm = communicator(ctx, axes, what, perm=dest)
+    return [_custom_call(ctx, x, s, s, dtype, comm, "permute")]

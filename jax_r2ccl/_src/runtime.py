@@ -199,11 +199,12 @@ def last_plan() -> dict:
     return current().last_plan()
 
 
-def register_groups(groups: list[list[int]], name: str, key: str) -> int:
+def register_groups(groups: list[list[int]], name: str, key: str, perm=()) -> int:
     """Registers a communicator (groups[g][r] = process of rank r of group g) under an id
-    derived from `key` (identical on every process for the same mesh and axes)."""
+    derived from `key` (identical on every process for the same mesh and axes). `perm`: a
+    permute's destinations per rank (-1: none), part of `key`."""
     if _current is None:
         raise R2cclError("jax_r2ccl.initialize() must be called before a jax_r2ccl collective is compiled")
     comm_id = int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little") & ((1 << 63) - 1)
-    _core.register_comm(comm_id, groups, name)
+    _core.register_comm(comm_id, groups, name, list(perm))
     return comm_id

@@ -67,8 +67,8 @@ def _unserved(ctx, axes, axis_index_groups=None, positional_ok=False):
     if frozenset(axis_ctx.manual_axes) != frozenset(names):
         return "a shard_map manual over only some mesh axes"
     named = [a for a in axes if not isinstance(a, int)]
-    if len(named) < len(axes) and not positional_ok and named:
-        return "a vmap axis together with mesh axes"
+    if len(named) < len(axes) and not positional_ok:
+        return "a vmap axis together with mesh axes" if named else "a vmap axis"
     if any(a not in names for a in named):
         return "an axis that is no mesh axis"
     dtype = ctx.avals_in[0].dtype
@@ -155,6 +155,15 @@ def _all_to_all_rule(ctx, x, *, split_axis, concat_axis, axis_name, axis_index_g
                                      axis_name=lowering.as_axes(axis_name), what="jax.lax.all_to_all (via jax_r2ccl)")
 
 
+def _ppermute_rule(ctx, x, *, axis_name, perm):
+    why = _unserved(ctx, lowering.as_axes(axis_name))
+    if not why and "cpu" not in ctx.module_context.platforms:
+        why = "a GPU (the staged path does not run ppermute yet)"
+    if why:
+        return _fall_back(ctx, "jax.lax.ppermute", why, (x,), dict(axis_name=axis_name, perm=perm))
+    return lowering.lower_permute(ctx, x, axis_name=axis_name, perm=perm, what="jax.lax.ppermute (via jax_r2ccl)")
+
+
 def _original(ctx, *args, **params):
     """The rule jax.lax uses for this primitive: the platform's own if it had one before the
     swap, else jax's generic one (contexts r2ccl does not serve: pmap, the fallbacks)."""
@@ -186,6 +195,7 @@ def _rules():
         jaxapi.all_gather_p: _all_gather_rule,
         jaxapi.reduce_scatter_p: _reduce_scatter_rule,
         jaxapi.all_to_all_p: _all_to_all_rule,
+        jaxapi.ppermute_p: _ppermute_rule,
     }
     if jaxapi.all_gather_invariant_p is not None:
         rules[jaxapi.all_gather_invariant_p] = _all_gather_rule

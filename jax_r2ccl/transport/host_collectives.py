@@ -52,8 +52,10 @@ class HostCollectives:
     def run(self, kind: str, inputs: Sequence[np.ndarray], *, process_of_rank: Sequence[int],
             my_ranks: Sequence[int], op: str = "sum", root: int = 0, timeout: float | None = None,
             outputs: Sequence[np.ndarray] | None = None, plan: str = "", key: str | None = None,
-            algo: str = "") -> list[np.ndarray]:
+            algo: str = "", perm: Sequence[int] | None = None) -> list[np.ndarray]:
         """plan: the all-reduce plan for this call (default R2CCL_PLAN); equal on every process.
+        perm: "permute" only: each rank's destination rank, or -1 (sends nothing); a rank no
+        one sends to gets zeros. Equal on every process.
         algo: the algorithm for this call (default R2CCL_ALGO); equal on every process.
         key: names this call on every process, so threads may issue calls concurrently and in
         any order; no other call of this object may use the same key. Without it, calls are
@@ -93,7 +95,8 @@ class HostCollectives:
         flat_out = [o.reshape(-1).view(np.uint8) for o in outputs]
         self._ex.run(kind, dtype.name, op, int(root), self._tag(key), list(map(int, process_of_rank)),
                      list(map(int, my_ranks)), flat_in, flat_out, count,
-                     float(self._ep.config.timeout_s if timeout is None else timeout), kind, str(plan), str(algo))
+                     float(self._ep.config.timeout_s if timeout is None else timeout), kind, str(plan), str(algo),
+                     [int(d) for d in (perm or ())])
         return list(outputs)
 
     def set_capacity(self, source) -> None:
