@@ -1,9 +1,10 @@
-"""`python -m jax_r2ccl bench allreduce|allgather|reducescatter|alltoall`: collective
+"""`python -m jax_r2ccl bench allreduce|allgather|reducescatter|alltoall|ppermute`: collective
 bandwidth through the JAX custom calls (jax_r2ccl.psum and friends inside shard_map under
-jit), one process per host, every element of every iteration checked; with `--baseline
-jax` the same sizes through jax.lax's own collectives (gloo on CPU) in the same run, rows
-side by side. Table and busbw as in nccl-tests: busbw = algbw × 2(n-1)/n for all-reduce,
-× (n-1)/n for the others (n = number of ranks)."""
+jit; ppermute: jax.lax.ppermute under the lowering swap, a ring shift by one rank), one
+process per host, every element of every iteration checked; with `--baseline jax` the same
+sizes through jax.lax's own collectives (gloo on CPU) in the same run, rows side by side.
+Table and busbw as in nccl-tests: busbw = algbw × 2(n-1)/n for all-reduce, × (n-1)/n for
+the others but ppermute, whose every rank sends its whole buffer once (× 1)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ OPS = {
     "allgather": ("all_gather", lambda n: (n - 1) / n),
     "reducescatter": ("psum_scatter", lambda n: (n - 1) / n),
     "alltoall": ("all_to_all", lambda n: (n - 1) / n),
+    "ppermute": ("ppermute", lambda n: 1.0),
 }
 
 
@@ -65,12 +67,33 @@ def _expected(op: str, count: int, n: int, dtype) -> list[np.ndarray]:
             total = total + p
         k = count // n
         return [total[r * k:(r + 1) * k].astype(dtype) for r in range(n)]
+    if op == "ppermute":   # a ring shift: rank j gets rank j-1's buffer
+        return [parts[(j - 1) % n] for j in range(n)]
     k = count // n   # alltoall
     return [np.concatenate([parts[s][j * k:(j + 1) * k] for s in range(n)]) for j in range(n)]
 
 
 def _build(impl: str, op: str, mesh, jax, P):
     import jax_r2ccl
+    if op == "ppermute":
+        n = mesh.devices.size
+        ring = [(j, (j + 1) % n) for j in range(n)]
+        f = jax.jit(jax.shard_map(lambda a: jax.lax.ppermute(a, "x", ring), mesh=mesh, in_specs=P("x"),
+                                  out_specs=P("x"), check_vma=False))
+        if impl != "r2ccl":
+            return f
+        compiled = {}
+
+        def swapped(a):   # jax.lax.ppermute, compiled under the lowering swap
+            if "c" not in compiled:
+                with jax_r2ccl.enabled():
+                    lowered = f.lower(a)
+                    if "r2ccl_collective" not in lowered.as_text():
+                        raise RuntimeError("bench ppermute: the lowering swap left jax.lax.ppermute to jax "
+                                           f"({jax_r2ccl.swap_fallbacks()})")
+                    compiled["c"] = lowered.compile()
+            return compiled["c"](a)
+        return swapped
     mod = jax_r2ccl if impl == "r2ccl" else jax.lax
     name = OPS[op][0]
     fn = getattr(mod, name)
