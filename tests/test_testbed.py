@@ -72,6 +72,17 @@ def test_nic_lost_mid_transfer_is_bit_exact_and_bounded(bed, fault, cmd, heal):
     assert r1["times"][0] < bound + 0.5, (r1["times"], bound)
 
 
+def test_a_nic_lost_in_a_ppermute_loop_is_bit_exact(bed):
+    # jax.lax.ppermute's collective: 32 MiB per rank around the two hosts, 6 times; host 1's
+    # nic2 goes down 0.3 s in (the second call or so) and comes back 1.5 s later.
+    rs = run_ranks("permute_with_fault", 2, nics=NICS, timeout=180, netns=hosts(2), config={"timeout_s": 20.0},
+                   args=dict(nbytes=32 << 20, iters=6, fault_cmd=tb("fail", 1, 2), heal_cmd=tb("heal", 1, 2),
+                             fault_after_s=0.3, heal_after_s=1.8))
+    r0, r1 = (r["result"] for r in rs)
+    assert r0["wrong"] == 0 and r1["wrong"] == 0, (r0, r1)
+    assert r0["stats"]["1"][2]["failures"] >= 1, r0["stats"]
+
+
 def test_flapping_nic_loses_nothing(bed):
     n = 64 << 20
     res = run_pair(bed, nbytes=n, iters=6, fault_cmd=tb("flap", 1, 2, 50, 20), fault_after_s=0.05)

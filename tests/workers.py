@@ -529,6 +529,35 @@ def host_collective(ep, rank, world, cases, local=1, fault=None, rate=None):
     return {"bad": bad, "stats": stats}
 
 
+def permute_with_fault(ep, rank, world, nbytes, iters, fault_cmd, heal_cmd, fault_after_s, heal_after_s):
+    """jax.lax.ppermute's collective (kind permute: a ring shift, one rank per process) of
+    `nbytes` per rank, `iters` times; rank 0 runs fault_cmd fault_after_s into the loop and
+    heal_cmd heal_after_s in. Every output is checked bit for bit."""
+    from jax_r2ccl.transport.host_collectives import HostCollectives
+    hc = HostCollectives(ep)
+    ring = [(r + 1) % world for r in range(world)]
+    count = nbytes // 4
+    ins = [pattern(nbytes, 31 * r + 5).view(np.float32) for r in range(world)]
+    wrong, times, timers = 0, [], []
+    barrier(ep, rank, world)
+    if rank == 0:
+        timers = [threading.Timer(fault_after_s, lambda: subprocess.run(fault_cmd, shell=True, check=True, timeout=30)),
+                  threading.Timer(heal_after_s, lambda: subprocess.run(heal_cmd, shell=True, check=True, timeout=30))]
+        for t in timers:
+            t.start()
+    for _ in range(iters):
+        t0 = time.monotonic()
+        out = hc.run("permute", [ins[rank]], process_of_rank=list(range(world)), my_ranks=[rank], perm=ring)[0]
+        times.append(time.monotonic() - t0)
+        wrong += int(out.size != count or out.tobytes() != ins[(rank - 1) % world].tobytes())
+    for t in timers:
+        t.join()
+    stats = {p: _stats_summary(ep, p) for p in range(world) if p != rank}
+    barrier(ep, rank, world)
+    hc.close()
+    return {"wrong": wrong, "times": times, "stats": stats}
+
+
 def host_mismatch(ep, rank, world, what):
     """Processes disagree about a collective: a clear error on every process, no hang, and
     the next collective works."""
