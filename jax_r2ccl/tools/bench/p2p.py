@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from ..launch import coordinator_port
 from .common import (Column, Dist, FaultTrigger, add_common_args, cpu_seconds, format_size, format_table,
                      median, nic_ipv4, per_gb, stall_count, thread_cpu, thread_cpu_delta, write_json)
 
@@ -626,9 +627,10 @@ class Runner:
         try:
             for nic in nics:
                 ip = nic_ipv4(nic)
-                with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:   # a free port there
-                    probe.bind((ip, 0))
-                    port = probe.getsockname()[1]
+                # Below the ephemeral range (launch.coordinator_port): a port picked by binding
+                # port 0 may be taken as the local port of an outgoing connection before iperf3
+                # binds it, and the server then exits "Address already in use".
+                port = coordinator_port()
                 procs.append(subprocess.Popen([exe, "-s", "-1", "-B", ip, "-p", str(port)],
                                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
                 addrs.append([ip, port])
