@@ -938,13 +938,17 @@ def replan_loop(ep, rank, world, count, iters, fault_cmd=None, fault_after_s=1.0
     return {"wrong": wrong, "plans": plans, "times": times}
 
 
-def host_kind_mismatch(ep, rank, world, n=99_999, other="reduce_scatter"):
+def host_kind_mismatch(ep, rank, world, n=99_999, other="reduce_scatter", late=None):
     """Collectives of different kinds on different processes (all-reduce here, `other`
-    there): the signature comparison names both, on every process."""
+    there): the signature comparison names both, on every process.
+    late: {"rank": r, "s": seconds}: that rank enters the call so much later (the others may
+    have found the mismatch, failed and closed by then)."""
     from jax_r2ccl.transport.host_collectives import HostCollectives
     hc = HostCollectives(ep)
     kind = "all_reduce" if rank == 0 else other
     out = {}
+    if late and late["rank"] == rank:
+        time.sleep(late["s"])
     t0 = time.monotonic()
     try:
         hc.run(kind, [np.ones(n, np.float32)], process_of_rank=list(range(world)), my_ranks=[rank], timeout=10.0)

@@ -190,14 +190,20 @@ class Executor::Op {
     if (notice_arrived()) return true;
     for (auto& m : msgs_)
       if (m.req && m.req->finished() && m.req->failed()) {
-        // A peer that found the two of us in different collectives may fail and leave before
-        // this process looked: its announcement, still here, is the better account.
+        // A peer that found the two of us in different collectives (or in this one, called
+        // differently) may fail and leave before this process looked: its announcement, still
+        // here, is the better account.
         Sig other;
         const Cause c = m.req->error_cause();
-        if ((c == Cause::kPeerGone || c == Cause::kClosed || c == Cause::kTimeout) && awaits_signature(m.peer_process) &&
-            foreign_announcement(m.peer_process, &other)) {
-          Error e = divergence(m.peer_process, other, mono_ns());
-          return finish(&e);
+        if ((c == Cause::kPeerGone || c == Cause::kClosed || c == Cause::kTimeout) && awaits_signature(m.peer_process)) {
+          if (same_instance_disagrees(m.peer_process, &other)) {
+            Error e = disagreement(m.peer_process, other);
+            return finish(&e);
+          }
+          if (foreign_announcement(m.peer_process, &other)) {
+            Error e = divergence(m.peer_process, other, mono_ns());
+            return finish(&e);
+          }
         }
         Error e(c, m.peer_process, describe() + ": " + m.req->error_message());
         return finish(&e);
