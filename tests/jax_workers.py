@@ -448,61 +448,69 @@ def misc(rank, world, local):
     return res
 
 
-def swap_transparent(rank, world, local):
-    """Programs that run on plain JAX but that the lowering swap cannot serve on jax_r2ccl yet
-    (axis_index_groups, a partly-manual shard_map, a dtype jax_r2ccl does not move), each beside
-    a collective it does serve in the same program: with the swap on, every one runs, equals
-    jax's own result bit for bit, keeps jax's lowering for what falls back (named in
-    jax_r2ccl.swap_fallbacks()) and r2ccl's for the rest."""
+XLA_COLLECTIVES = ("stablehlo.all_reduce", "stablehlo.all_gather", "stablehlo.reduce_scatter", "stablehlo.all_to_all",
+                   "stablehlo.collective_permute")
+
+
+def against_jax(progs: dict) -> dict:
+    """Each program {name: (jitted f, arg)} run by jax alone, then with the lowering swap on
+    (traced afresh): per name, whether every addressable shard of the result is equal bit for
+    bit (dtype and bytes), how many r2ccl custom calls and XLA collectives its lowering holds,
+    or what it raised. Then the swap's fallbacks, named."""
     jax, jnp, Mesh, NamedSharding, P = _jax()
     import jax_r2ccl
-    devs = np.array(sorted(jax.devices(), key=lambda d: (d.process_index, d.id)))
-    N = devs.size
-    flat = Mesh(devs, ("i",))
-    grid = Mesh(devs.reshape(world, local), ("p", "l"))
-    blocks = [exact_block(p, "float32", seed=5) for p in range(N)]
-    xf = global_array(flat, ("i",), blocks)
-    xg = global_array(grid, ("p", "l"), blocks)
-    half = N // 2
-    pairs = [list(range(g * half, (g + 1) * half)) for g in range(2)]         # [[0, 1], [2, 3]]
-    strided = [list(range(g, N, 2)) for g in range(2)]                        # [[0, 2], [1, 3]]
-
-    def on_flat(f):
-        return jax.jit(jax.shard_map(f, mesh=flat, in_specs=P("i"), out_specs=P("i"), check_vma=False))
-
-    progs = {
-        # groups inside the mesh axis, and a plain psum beside them
-        "psum_groups": (on_flat(lambda v: jax.lax.psum(v, "i", axis_index_groups=pairs)
-                                + jax.lax.psum(v, "i")), xf),
-        "pmax_groups": (on_flat(lambda v: jax.lax.pmax(v, "i", axis_index_groups=strided)), xf),
-        "all_gather_groups": (on_flat(lambda v: jax.lax.all_gather(v, "i", axis_index_groups=strided, tiled=True)
-                                      .reshape(-1)[: v.size].reshape(v.shape) + jax.lax.psum(v, "i")), xf),
-        # manual over "p" only: "l" stays automatic (axis_names=)
-        "partly_manual": (jax.jit(jax.shard_map(lambda v: jax.lax.psum(v, "p"), mesh=grid, in_specs=P("p"),
-                                                out_specs=P("p"), axis_names={"p"})), xg),
-        # a dtype jax_r2ccl does not move, beside one it does
-        "complex_psum": (on_flat(lambda v: jnp.real(jax.lax.psum(v.astype(jnp.complex64) * (1 + 1j), "i"))
-                                 + jax.lax.psum(v, "i")), xf),
-    }
-    expect_r2ccl = {"psum_groups": 1, "pmax_groups": 0, "all_gather_groups": 1, "partly_manual": 0,
-                    "complex_psum": 1}
     res = {}
-    for name, (f, x) in progs.items():
-        ref = np.asarray(jax.device_get(f(x).addressable_shards[0].data))
+    for name, (f, arg) in progs.items():
+        ref = f(arg)
+        ref_shards = {s.device.id: np.asarray(s.data) for s in jax.tree.leaves(ref)[0].addressable_shards}
         jax.clear_caches()
         out = {}
         try:
             with jax_r2ccl.enabled():
-                text = f.lower(x).as_text()
-                got = np.asarray(jax.device_get(f(x).addressable_shards[0].data))
-            out["equal"] = got.dtype == ref.dtype and got.tobytes() == ref.tobytes()
+                text = f.lower(arg).as_text()
+                got = f(arg)
+            got_shards = {s.device.id: np.asarray(s.data) for s in jax.tree.leaves(got)[0].addressable_shards}
+            out["equal"] = got_shards.keys() == ref_shards.keys() and all(
+                got_shards[k].dtype == v.dtype and got_shards[k].tobytes() == v.tobytes() for k, v in ref_shards.items())
             out["r2ccl_calls"] = text.count("r2ccl_collective")
-            out["expect_r2ccl"] = expect_r2ccl[name]
+            out["xla_collectives"] = sum(text.count(c) for c in XLA_COLLECTIVES)
+            if not out["equal"]:
+                out["shardings"] = [str(jax.tree.leaves(a)[0].sharding) for a in (ref, got)]
+                out["shapes"] = [sorted((k, v.shape) for k, v in d.items()) for d in (ref_shards, got_shards)]
         except Exception as e:   # the defect under test: the swap raised where jax alone runs
             out["raised"] = f"{type(e).__name__}: {e}"
         jax.clear_caches()
         res[name] = out
     res["fallbacks"] = sorted(f"{op}: {why}" for (op, why) in jax_r2ccl.swap_fallbacks())
+    return res
+
+
+def swap_transparent(rank, world, local):
+    """Programs the lowering swap cannot serve on jax_r2ccl, each beside a collective it does
+    serve in the same program (axis_index_groups that are not equal blocks, a dtype jax_r2ccl
+    does not move, an abstract mesh): with the swap on every one runs, equals jax's own result bit
+    for bit, keeps jax's lowering for what falls back (named in jax_r2ccl.swap_fallbacks()) and
+    r2ccl's for the rest."""
+    jax, jnp, Mesh, NamedSharding, P = _jax()
+    devs = np.array(sorted(jax.devices(), key=lambda d: (d.process_index, d.id)))
+    N = devs.size
+    flat = Mesh(devs, ("i",))
+    blocks = [exact_block(p, "float32", seed=5) for p in range(N)]
+    xf = global_array(flat, ("i",), blocks)
+    uneven = [[0], list(range(1, N))]
+
+    def on(mesh, f):
+        return jax.jit(jax.shard_map(f, mesh=mesh, in_specs=P("i"), out_specs=P("i"), check_vma=False))
+
+    progs = {
+        "uneven_groups": (on(flat, lambda v: jax.lax.psum(v, "i", axis_index_groups=uneven) + jax.lax.psum(v, "i")), xf),
+        "complex_psum": (on(flat, lambda v: jnp.real(jax.lax.psum(v.astype(jnp.complex64) * (1 + 1j), "i"))
+                            + jax.lax.psum(v, "i")), xf),
+        "abstract_mesh": (on(flat.abstract_mesh, lambda v: jax.lax.psum(v, "i")), xf),
+    }
+    res = against_jax(progs)
+    for name, n in {"uneven_groups": 1, "complex_psum": 1, "abstract_mesh": 0}.items():
+        res[name]["expect_r2ccl"] = n
     return res
 
 
@@ -557,26 +565,93 @@ def ppermute_cases(rank, world, local):
         "vmap": (jax.jit(jax.vmap(on(flat, "i", lambda v: jax.lax.ppermute(v, "i", fwd)), in_axes=1, out_axes=1)),
                  jax.jit(lambda v: jnp.stack([v, v * 2], axis=1))(x)),
     }
-    res = {}
-    for name, (f, arg) in progs.items():
-        ref = f(arg)
-        ref_shards = {s.device.id: np.asarray(s.data) for s in ref.addressable_shards}
-        jax.clear_caches()
-        out = {}
-        try:
-            with jax_r2ccl.enabled():
-                text = f.lower(arg).as_text()
-                got = f(arg)
-            got_shards = {s.device.id: np.asarray(s.data) for s in got.addressable_shards}
-            out["equal"] = all(got_shards[k].dtype == v.dtype and got_shards[k].tobytes() == v.tobytes()
-                               for k, v in ref_shards.items())
-            out["r2ccl_calls"] = text.count("r2ccl_collective")
-            out["collective_permutes"] = text.count("collective_permute")
-        except Exception as e:
-            out["raised"] = f"{type(e).__name__}: {e}"
-        jax.clear_caches()
-        res[name] = out
-    res["fallbacks"] = sorted(f"{op}: {why}" for (op, why) in jax_r2ccl.swap_fallbacks())
+    return against_jax(progs)
+
+
+def groups_and_partly_manual_cases(rank, world, local):
+    """axis_index_groups and partly-manual shard_maps under the lowering swap against jax's own,
+    bit for bit: groups in and against rank order, strided, over two axes, on psum, pmax,
+    pmin, all_gather (tiled and not, another axis), psum_scatter and all_to_all, under grad and
+    in scan; shard_maps manual over one axis of a 2-D mesh (the other automatic, the input
+    sharded over it or not) on every op, ppermute, grad, groups, and jax.vmap of a shard_map;
+    jax_r2ccl's own psum and all_gather in a partly-manual shard_map. Every program lowered
+    with r2ccl custom calls and no XLA collective, nothing fallen back."""
+    jax, jnp, Mesh, NamedSharding, P = _jax()
+    devs = np.array(sorted(jax.devices(), key=lambda d: (d.process_index, d.id)))
+    N = devs.size
+    flat = Mesh(devs, ("i",))
+    grid = Mesh(devs.reshape(2, N // 2), ("a", "b"))
+    blocks = [exact_block(p, "float32", seed=11) for p in range(N)]
+    x = global_array(flat, ("i",), blocks)
+    xg = global_array(grid, ("a", "b"), blocks)
+    pairs = [list(range(g, g + 2)) for g in range(0, N, 2)]           # [[0, 1], [2, 3], ..]
+    rev_pairs = [g[::-1] for g in pairs]                                  # [[1, 0], [3, 2], ..]
+    strided = [list(range(g, N, 2)) for g in range(2)]                  # [[0, 2, ..], [1, 3, ..]]
+    b_groups = [list(range(N // 2))[::-1]] if N // 2 < 4 else [[3, 0], [1, 2]] + [[j, j + 1] for j in range(4, N // 2, 2)]
+
+    def on(f, check_vma=False):
+        return jax.jit(jax.shard_map(f, mesh=flat, in_specs=P("i"), out_specs=P("i"), check_vma=check_vma))
+
+    # (the results' shardings over the automatic axis are the partitioner's choice: fixed here, so
+    # that jax's and the swap's results compare shard by shard)
+    def manual_a(f, in_specs=P("a"), out_specs=P()):
+        g = jax.shard_map(f, mesh=grid, in_specs=in_specs, out_specs=out_specs, axis_names={"a"}, check_vma=False)
+        return jax.jit(g, out_shardings=NamedSharding(grid, out_specs))
+
+    def scan_body(v):
+        def step(c, _):
+            return jax.lax.psum(c, "i", axis_index_groups=rev_pairs) * 0.25 + c, None
+        return jax.lax.scan(step, v, None, length=3)[0]
+
+    progs = {
+        "psum_pairs": (on(lambda v: jax.lax.psum(v, "i", axis_index_groups=pairs)), x),
+        "pmax_strided": (on(lambda v: jax.lax.pmax(v, "i", axis_index_groups=strided)), x),
+        "pmin_rev_pairs": (on(lambda v: jax.lax.pmin(v, "i", axis_index_groups=rev_pairs)), x),
+        "all_gather_rev_pairs": (on(lambda v: jax.lax.all_gather(v, "i", axis_index_groups=rev_pairs)
+                                    .reshape(-1, v.shape[1])), x),
+        "all_gather_tiled_axis1": (on(lambda v: jax.lax.all_gather(v, "i", axis_index_groups=strided, axis=1, tiled=True)
+                                      .reshape(-1, v.shape[1])), x),
+        "psum_scatter_rev_pairs": (on(lambda v: jnp.tile(jax.lax.psum_scatter(v, "i", axis_index_groups=rev_pairs,
+                                                                               tiled=True), (2, 1))), x),
+        "all_to_all_strided": (on(lambda v: jax.lax.all_to_all(v, "i", 0, 0, axis_index_groups=strided, tiled=True)), x),
+        "grid_groups": (jax.jit(jax.shard_map(lambda v: jax.lax.psum(v, ("a", "b"), axis_index_groups=strided),
+                                              mesh=grid, in_specs=P(("a", "b")), out_specs=P(("a", "b")),
+                                              check_vma=False)), xg),
+        "grid_b_groups": (jax.jit(jax.shard_map(lambda v: jax.lax.psum(v, "b", axis_index_groups=b_groups), mesh=grid,
+                                                in_specs=P(("a", "b")), out_specs=P(("a", "b")), check_vma=False)), xg),
+        "groups_grad": (jax.jit(jax.grad(lambda w: jnp.sum(on(lambda v: jax.lax.psum(v * v, "i", axis_index_groups=strided))(w)
+                                                           * jnp.arange(w.size, dtype=w.dtype).reshape(w.shape)))), x),
+        "groups_scan": (on(scan_body), x),
+        "pm_psum": (manual_a(lambda v: jax.lax.psum(v, "a")), xg),
+        "pm_psum_b_replicated": (manual_a(lambda v: jax.lax.psum(v * 2, "a")),
+                                 jax.device_put(xg, NamedSharding(grid, P("a")))),
+        "pm_pmax": (manual_a(lambda v: jax.lax.pmax(v, "a")), xg),
+        "pm_all_gather": (manual_a(lambda v: jax.lax.all_gather(v, "a", tiled=True), out_specs=P("a")), xg),
+        "pm_psum_scatter": (manual_a(lambda v: jax.lax.psum_scatter(v, "a", tiled=True), out_specs=P("a")), xg),
+        "pm_all_to_all": (manual_a(lambda v: jax.lax.all_to_all(v, "a", 0, 0, tiled=True), out_specs=P("a")), xg),
+        "pm_ppermute": (manual_a(lambda v: jax.lax.ppermute(v, "a", [(0, 1), (1, 0)]), out_specs=P("a")), xg),
+        "pm_manual_b_groups": (jax.jit(jax.shard_map(lambda v: jax.lax.psum(v, "b", axis_index_groups=b_groups),
+                                                     mesh=grid, in_specs=P("b"), out_specs=P("b"), axis_names={"b"},
+                                                     check_vma=False), out_shardings=NamedSharding(grid, P("b"))), x),
+        "pm_grad": (jax.jit(jax.grad(lambda w: jnp.sum(manual_a(lambda v: jax.lax.psum(v * v, "a"))(w)
+                                                       * jnp.arange(w.size // 2, dtype=w.dtype).reshape(-1, w.shape[1])))),
+                    xg),
+        "vmap_of_shard_map": (jax.jit(jax.vmap(jax.shard_map(lambda v: jax.lax.psum(v, "i"), mesh=flat, in_specs=P("i"),
+                                                             out_specs=P()), in_axes=1, out_axes=1)), x),
+    }
+    res = against_jax(progs)
+    # jax_r2ccl's own functions in a partly-manual shard_map, against jax.lax's without the swap
+    import jax_r2ccl
+    for name, own, ref in [("own_psum", lambda v: jax_r2ccl.psum(v, "a"), lambda v: jax.lax.psum(v, "a")),
+                           ("own_all_gather", lambda v: jax_r2ccl.all_gather(v, "a", axis=1, tiled=True),
+                            lambda v: jax.lax.all_gather(v, "a", axis=1, tiled=True))]:
+        f, g = manual_a(own), manual_a(ref)
+        text = f.lower(xg).as_text()
+        a, b = f(xg), g(xg)
+        res[name] = {"equal": all(np.asarray(sa.data).tobytes() == np.asarray(sb.data).tobytes()
+                                  for sa, sb in zip(a.addressable_shards, b.addressable_shards)),
+                     "r2ccl_calls": text.count("r2ccl_collective"),
+                     "xla_collectives": sum(text.count(c) for c in XLA_COLLECTIVES)}
     return res
 
 

@@ -162,17 +162,29 @@ def test_lowering_swap_reroutes_jax_lax_collectives(misc):
 
 
 def test_the_swap_never_breaks_a_program_that_runs_without_it():
-    # axis_index_groups, a partly-manual shard_map and a complex dtype used to raise at
-    # lowering with the swap on; now each keeps jax's lowering (named), the collectives beside
-    # them still run on jax_r2ccl, and every result equals jax's own bit for bit.
+    # What the swap cannot serve (groups that are not equal blocks, a complex dtype, an abstract
+    # mesh) keeps jax's lowering, named; the collectives beside them still run on jax_r2ccl, and
+    # every result equals jax's own bit for bit. (Before, axis_index_groups and a partly-manual
+    # shard_map raised at lowering with the swap on: now both run on the rails, the next test.)
     for r in [r["result"] for r in run_jax_ranks("swap_transparent", 2, local=2, timeout=180)]:
-        for name in ("psum_groups", "pmax_groups", "all_gather_groups", "partly_manual", "complex_psum"):
+        for name in ("uneven_groups", "complex_psum", "abstract_mesh"):
             out = r[name]
             assert "raised" not in out, (name, out)
             assert out["equal"] and out["r2ccl_calls"] == out["expect_r2ccl"], (name, out)
-        assert r["fallbacks"] == ["jax.lax.all_gather: axis_index_groups", "jax.lax.pmax: axis_index_groups",
-                                  "jax.lax.psum: a shard_map manual over only some mesh axes",
-                                  "jax.lax.psum: axis_index_groups", "jax.lax.psum: dtype complex64"], r["fallbacks"]
+        assert r["fallbacks"] == ["jax.lax.psum: an abstract mesh", "jax.lax.psum: axis_index_groups of unequal sizes",
+                                  "jax.lax.psum: dtype complex64"], r["fallbacks"]
+
+
+@pytest.mark.parametrize("world,local", [(2, 2), (1, 8)], ids=["2proc-x2dev", "1proc-x8dev"])
+def test_axis_index_groups_and_partly_manual_shard_maps_ride_the_rails_and_equal_jax_lax(world, local):
+    for r in [r["result"] for r in run_jax_ranks("groups_and_partly_manual_cases", world, local=local, timeout=300)]:
+        for name, out in r.items():
+            if name == "fallbacks":
+                continue
+            assert "raised" not in out, (name, out)
+            assert out["equal"], (name, out)
+            assert out["r2ccl_calls"] >= 1 and out["xla_collectives"] == 0, (name, out)
+        assert r["fallbacks"] == [], r["fallbacks"]
 
 
 @pytest.mark.parametrize("local", [2, 1])
@@ -185,7 +197,7 @@ def test_ppermute_under_the_swap_rides_the_rails_and_equals_jax_lax(local):
                 continue
             assert "raised" not in out, (name, out)
             assert out["equal"], (name, out)
-            assert out["r2ccl_calls"] >= 1 and out["collective_permutes"] == 0, (name, out)
+            assert out["r2ccl_calls"] >= 1 and out["xla_collectives"] == 0, (name, out)
         assert r["fallbacks"] == [], r["fallbacks"]
 
 

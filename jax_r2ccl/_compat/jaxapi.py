@@ -15,6 +15,7 @@ from jax._src.lax import parallel
 from jax._src.lib.mlir import ir
 from jax._src.lib.mlir.dialects import hlo
 from jax._src.sharding_impls import SPMDAxisContext
+from jax._src import mesh as _mesh
 from jax._src.util import moveaxis as moveaxes   # several axes at once (jax.numpy's, on raw arrays)
 
 ShapedArray = core.ShapedArray
@@ -49,6 +50,26 @@ insert_collective_pvary = parallel.insert_collective_pvary
 moveaxis = parallel._moveaxis
 splitaxis = parallel._splitaxis
 foldaxis = parallel._foldaxis
+
+
+def concrete_mesh(mesh):
+    """`mesh` when it is a concrete jax.sharding.Mesh (devices known), else None (an AbstractMesh,
+    whose `devices` raises ValueError rather than AttributeError)."""
+    return mesh if isinstance(mesh, _mesh.Mesh) else None
+
+
+def full_manual_lowering(ctx, fun, args, mesh, in_spec, out_spec):
+    """Lowers fun(*args) in a shard_map nested in this partly-manual one and manual over every
+    axis it left automatic (in_spec and out_spec: PartitionSpec entries, one per dimension, over
+    those axes), as jax's own axis_index lowering does in a partly-manual context. The nested
+    shard_map gets `mesh` (concrete) with the context's axis types, so rules lowered inside see
+    its devices."""
+    from jax._src.shard_map import shard_map
+    from jax.sharding import PartitionSpec
+    inner = _mesh.Mesh(mesh.devices, mesh.axis_names, axis_types=_mesh.get_abstract_mesh().axis_types)
+    smap = shard_map(fun, mesh=inner, in_specs=PartitionSpec(*in_spec), out_specs=PartitionSpec(*out_spec),
+                     check_vma=False)
+    return mlir.lower_fun(lambda *a: list(smap(*a)), multiple_results=True)(ctx, *args)
 
 
 def backends_initialized() -> bool:

@@ -80,10 +80,82 @@ SUPPORTED_DTYPES = frozenset(_np_dtype(d) for d in DTYPE_NAMES)
 PLATFORMS = ("cpu", "cuda")
 
 
+def partly_manual(axis_ctx) -> bool:
+    """A shard_map manual over only some axes of its concrete mesh (axis_names=, or what jax.vmap
+    of a shard_map may make): its values are still sharded automatically over the rest."""
+    mesh = jaxapi.concrete_mesh(getattr(axis_ctx, "mesh", None))
+    return (isinstance(axis_ctx, jaxapi.SPMDAxisContext) and mesh is not None and bool(axis_ctx.manual_axes)
+            and frozenset(axis_ctx.manual_axes) != frozenset(mesh.axis_names))
+
+
+def _slice_dims(params, nd_in: int):
+    """{input dimension: output dimension} that a collective treats slice by slice (a slice of
+    its input along it gives that slice of its output), read from the parameters jax.lax's
+    collectives and jax_r2ccl's own share; {} for anything else."""
+    dims = range(nd_in)
+    if "all_gather_dimension" in params:
+        d = params["all_gather_dimension"]
+        return {e: e if params["tiled"] or e < d else e + 1 for e in dims if e != d}
+    if "scatter_dimension" in params:
+        d = params["scatter_dimension"]
+        return {e: e if params["tiled"] or e < d else e - 1 for e in dims if e != d}
+    if "split_axis" in params:
+        return {e: e for e in dims if e not in (params["split_axis"], params["concat_axis"])}
+    if "perm" in params:
+        return {e: e for e in dims}
+    if "axes" in params:   # psum, pmax, pmin: positional (vmap) axes are reduced away
+        pos = sorted(a for a in params["axes"] if isinstance(a, int))
+        return {e: e - sum(p < e for p in pos) for e in dims if e not in pos}
+    return {}
+
+
+def _auto_specs(ctx, params, auto: tuple, ways: int):
+    """(in spec, out spec) of the nested fully-manual shard_map: the automatic axes shard the
+    largest dimension the collective treats slice by slice and that they divide, so each of
+    their coordinates moves only its slice (the bytes jax's own lowering moves); with none,
+    the value is replicated over them (every coordinate moves all of it)."""
+    aval_in, aval_out = ctx.avals_in[0], ctx.avals_out[0]
+    best = None
+    for e, e_out in _slice_dims(params, len(aval_in.shape)).items():
+        n = aval_in.shape[e]
+        if n % ways == 0 and n >= ways and e_out < len(aval_out.shape) and aval_out.shape[e_out] == n:
+            if best is None or n > aval_in.shape[best[0]]:
+                best = (e, e_out)
+    spec_in, spec_out = [None] * len(aval_in.shape), [None] * len(aval_out.shape)
+    if best is not None:
+        spec_in[best[0]] = spec_out[best[1]] = auto
+    return spec_in, spec_out
+
+
+def _through_full_manual(rule):
+    """In a partly-manual shard_map the same bind is lowered again inside a shard_map that is
+    also manual over the automatic axes: there every device knows its (group, rank) from
+    partition_id, which XLA refuses to partition in a partly-manual region. The automatic axes
+    stay jax's, before and after: each of their coordinates runs the collective among its own
+    manual-axis devices on its slice of the value (_auto_specs)."""
+    @functools.wraps(rule)
+    def wrapped(ctx, *args, **params):
+        axis_ctx = ctx.module_context.axis_context
+        if not partly_manual(axis_ctx):
+            return rule(ctx, *args, **params)
+        prim, mesh = ctx.primitive, axis_ctx.mesh
+        auto = tuple(a for a in mesh.axis_names if a not in axis_ctx.manual_axes)
+        spec_in, spec_out = ([], [])   # several operands: each replicated over the automatic axes
+        if len(ctx.avals_in) == 1 and len(ctx.avals_out) == 1:
+            spec_in, spec_out = _auto_specs(ctx, params, auto, axis_size(mesh, auto))
+
+        def again(*a):
+            out = prim.bind(*a, **params)
+            return list(out) if prim.multiple_results else [out]
+        return jaxapi.full_manual_lowering(ctx, again, args, mesh, spec_in, spec_out)
+    return wrapped
+
+
 def register(prim, rule) -> None:
-    """Registers `rule` as `prim`'s lowering on every platform of PLATFORMS."""
+    """Registers `rule` as `prim`'s lowering on every platform of PLATFORMS (in a partly-manual
+    shard_map, through a nested fully-manual one: _through_full_manual)."""
     for platform in PLATFORMS:
-        mlir.register_lowering(prim, rule, platform=platform, cacheable=False)
+        mlir.register_lowering(prim, _through_full_manual(rule), platform=platform, cacheable=False)
 _OPID_KEY = ("jax_r2ccl", "op_id_counter")
 
 
@@ -152,7 +224,7 @@ def install_guards() -> None:
 class Comm:
     """A communicator over `axes` of a concrete mesh, and this mesh's lookup tables."""
 
-    def __init__(self, mesh, axes, dest=()):
+    def __init__(self, mesh, axes, dest=(), index_groups=()):
         names = tuple(mesh.axis_names)
         devs = np.asarray(mesh.devices)
         others = [a for a in names if a not in axes]
@@ -161,6 +233,13 @@ class Comm:
         self.G = devs.size // self.n
         arranged = devs.transpose(perm).reshape(self.G, self.n)
         pos = np.arange(devs.size).reshape(devs.shape).transpose(perm).reshape(self.G, self.n)
+        if index_groups:
+            # axis_index_groups: each row splits into its groups, rank = place in the group's list
+            # (jax.lax's replica groups: [row[i] for i in group] for each row, each group).
+            sel = np.asarray(index_groups, np.int64)
+            self.G, self.n = self.G * sel.shape[0], sel.shape[1]
+            arranged = arranged[:, sel].reshape(self.G, self.n)
+            pos = pos[:, sel].reshape(self.G, self.n)
         self.group_of = np.empty(devs.size, np.int32)
         self.rank_of = np.empty(devs.size, np.int32)
         for g in range(self.G):
@@ -171,6 +250,10 @@ class Comm:
         self.name = "/".join(map(str, axes)) + " of mesh " + ",".join(f"{a}={mesh.shape[a]}" for a in names)
         self.key = ("r2ccl-comm|" + ",".join(map(str, axes)) + "|" + ",".join(f"{a}={mesh.shape[a]}" for a in names)
                     + "|" + ",".join(str(d.id) for d in arranged.flat))
+        if index_groups:
+            text = ";".join(",".join(map(str, g)) for g in index_groups)
+            self.key += "|groups:" + text
+            self.name += " in axis_index_groups " + text
         # A permute's communicator: each rank's destination (-1: none), the same in every group.
         self.perm = tuple(int(d) for d in dest)
         if self.perm:
@@ -182,28 +265,51 @@ class Comm:
 
 
 @functools.lru_cache(maxsize=256)
-def _comm(mesh, axes, perm=()) -> Comm:
-    return Comm(mesh, axes, perm)
+def _comm(mesh, axes, perm=(), index_groups=()) -> Comm:
+    return Comm(mesh, axes, perm, index_groups)
 
 
-def communicator(ctx, axes, what: str, perm=()) -> Comm:
+def axis_size(mesh, axes) -> int:
+    return int(np.prod([mesh.shape[a] for a in axes], dtype=np.int64))
+
+
+def index_groups_problem(n: int, index_groups) -> str | None:
+    """Why jax_r2ccl cannot serve these axis_index_groups over an axis of size n, or None: they
+    must split the n indices into groups of one size (what jax requires on TPU; jax's own
+    lowering serves the rest)."""
+    flat = [i for g in index_groups for i in g]
+    if sorted(flat) != list(range(n)):
+        return f"axis_index_groups that do not cover the {n} indices once each"
+    if len({len(g) for g in index_groups}) != 1:
+        return "axis_index_groups of unequal sizes"
+    return None
+
+
+def canonical_groups(index_groups) -> tuple:
+    return tuple(tuple(int(i) for i in g) for g in index_groups) if index_groups is not None else ()
+
+
+def communicator(ctx, axes, what: str, perm=(), index_groups=None) -> Comm:
     axis_ctx = ctx.module_context.axis_context
     if not isinstance(axis_ctx, jaxapi.SPMDAxisContext):
         raise R2cclError(f"{what} over {axes}: jax_r2ccl collectives run inside jax.shard_map (this is a "
                          f"{type(axis_ctx).__name__}; pmap is not supported)")
-    mesh = axis_ctx.mesh
-    if not hasattr(mesh, "devices"):
+    mesh = jaxapi.concrete_mesh(axis_ctx.mesh)
+    if mesh is None:
         raise R2cclError(f"{what}: the shard_map mesh is abstract; jax_r2ccl needs a concrete jax.sharding.Mesh "
                          f"(pass mesh= to shard_map or use jax.set_mesh)")
     names = tuple(mesh.axis_names)
     for a in axes:
         if a not in names:
             raise R2cclError(f"{what}: axis {a!r} is not an axis of the mesh {names}")
-    if frozenset(axis_ctx.manual_axes) != frozenset(names):
-        raise NotImplementedError(
-            f"{what}: jax_r2ccl collectives need a fully manual shard_map (all mesh axes {names} manual); "
-            f"this one is manual over {sorted(map(str, axis_ctx.manual_axes))} only")
-    return _comm(mesh, tuple(axes), tuple(perm))
+    # (a partly-manual shard_map never gets here: register()'s _through_full_manual)
+    assert frozenset(axis_ctx.manual_axes) == frozenset(names), (axis_ctx.manual_axes, names)
+    groups = canonical_groups(index_groups)
+    if groups:
+        why = index_groups_problem(axis_size(mesh, axes), groups)
+        if why:
+            raise R2cclError(f"{what} over {axes}: {why}: {[list(g) for g in groups]}")
+    return _comm(mesh, tuple(axes), tuple(perm), groups)
 
 
 # ----------------------------------------------------------------------------- HLO helpers
@@ -253,17 +359,18 @@ def _check(ctx, what):
 
 # ----------------------------------------------------------------------------- the collectives
 
-def lower_all_reduce(ctx, x, *, axes, op: str, what: str):
+def lower_all_reduce(ctx, x, *, axes, op: str, what: str, index_groups=None):
     aval, shape, dtype = _check(ctx, what)
-    comm = communicator(ctx, axes, what)
+    comm = communicator(ctx, axes, what, index_groups=index_groups)
     if comm.n == 1:
         return [x]
     return [_custom_call(ctx, x, shape, shape, dtype, comm, "all_reduce", op)]
 
 
-def lower_all_gather(ctx, x, *, all_gather_dimension, axis_name, axis_size, tiled, what="all_gather"):
+def lower_all_gather(ctx, x, *, all_gather_dimension, axis_name, axis_size, tiled, what="all_gather",
+                     index_groups=None):
     aval, s, dtype = _check(ctx, what)
-    comm = communicator(ctx, as_axes(axis_name), what)
+    comm = communicator(ctx, as_axes(axis_name), what, index_groups=index_groups)
     n, d = comm.n, all_gather_dimension
     assert n == axis_size, (n, axis_size)
     if n == 1:
@@ -277,9 +384,9 @@ def lower_all_gather(ctx, x, *, all_gather_dimension, axis_name, axis_size, tile
 
 
 def lower_reduce_scatter(ctx, x, *, scatter_dimension, axis_name, axis_size, tiled, op="sum",
-                         what="psum_scatter"):
+                         what="psum_scatter", index_groups=None):
     aval, s, dtype = _check(ctx, what)
-    comm = communicator(ctx, as_axes(axis_name), what)
+    comm = communicator(ctx, as_axes(axis_name), what, index_groups=index_groups)
     n, d = comm.n, scatter_dimension
     assert n == axis_size, (n, axis_size)
     if tiled:
@@ -298,9 +405,9 @@ def lower_reduce_scatter(ctx, x, *, scatter_dimension, axis_name, axis_size, til
     return [_custom_call(ctx, y, tuple(split[i] for i in perm), out, dtype, comm, "reduce_scatter", op)]
 
 
-def lower_all_to_all(ctx, x, *, split_axis, concat_axis, axis_name, what="all_to_all", **_):
+def lower_all_to_all(ctx, x, *, split_axis, concat_axis, axis_name, what="all_to_all", index_groups=None, **_):
     aval, s, dtype = _check(ctx, what)
-    comm = communicator(ctx, as_axes(axis_name), what)
+    comm = communicator(ctx, as_axes(axis_name), what, index_groups=index_groups)
     n, sa, ca = comm.n, split_axis, concat_axis
     if n == 1:
         return [x]

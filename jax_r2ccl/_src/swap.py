@@ -56,21 +56,24 @@ def fallbacks() -> dict:
 
 
 def _unserved(ctx, axes, axis_index_groups=None, positional_ok=False):
-    """Why jax_r2ccl cannot lower this bind (jax's rule then does), or None."""
-    if axis_index_groups is not None:
-        return "axis_index_groups"
+    """Why jax_r2ccl cannot lower this bind (jax's rule then does), or None. (A partly-manual
+    shard_map's binds arrive here lowered again in a fully-manual one: lowering.register.)"""
     axis_ctx = ctx.module_context.axis_context
-    mesh = axis_ctx.mesh
-    if not hasattr(mesh, "devices"):
+    mesh = jaxapi.concrete_mesh(axis_ctx.mesh)
+    if mesh is None:
         return "an abstract mesh"
     names = tuple(mesh.axis_names)
-    if frozenset(axis_ctx.manual_axes) != frozenset(names):
+    if frozenset(axis_ctx.manual_axes) != frozenset(names):   # (not reached: lowering.register)
         return "a shard_map manual over only some mesh axes"
     named = [a for a in axes if not isinstance(a, int)]
     if len(named) < len(axes) and not positional_ok:
         return "a vmap axis together with mesh axes" if named else "a vmap axis"
     if any(a not in names for a in named):
         return "an axis that is no mesh axis"
+    if axis_index_groups is not None:
+        why = lowering.index_groups_problem(lowering.axis_size(mesh, named), axis_index_groups)
+        if why:
+            return why
     dtype = ctx.avals_in[0].dtype
     if not lowering._supported(dtype):
         return f"dtype {dtype}"
@@ -89,7 +92,7 @@ def _fall_back(ctx, what, why, args, params):
     return _original(ctx, *args, **params)
 
 
-def _positional_then(ctx, arg, axes, pos_fn, what, op):
+def _positional_then(ctx, arg, axes, pos_fn, what, op, index_groups=None):
     """jax's _allreduce_lowering for positional axes (vmap), then r2ccl over the named ones."""
     named = tuple(a for a in axes if not isinstance(a, int))
     pos = tuple(a for a in axes if isinstance(a, int))
@@ -103,7 +106,7 @@ def _positional_then(ctx, arg, axes, pos_fn, what, op):
         ctx = ctx.replace(avals_in=[aval_out])
     if not named:
         return [arg]
-    return lowering.lower_all_reduce(ctx, arg, axes=named, op=op, what=what)
+    return lowering.lower_all_reduce(ctx, arg, axes=named, op=op, what=what, index_groups=index_groups)
 
 
 def _allreduce_rule(op, pos_fn, name):
@@ -112,7 +115,7 @@ def _allreduce_rule(op, pos_fn, name):
         why = _unserved(ctx, tuple(axes), axis_index_groups, positional_ok=True)
         if why:
             return _fall_back(ctx, what, why, (arg,), dict(axes=axes, axis_index_groups=axis_index_groups))
-        return _positional_then(ctx, arg, axes, pos_fn, what + " (via jax_r2ccl)", op)
+        return _positional_then(ctx, arg, axes, pos_fn, what + " (via jax_r2ccl)", op, axis_index_groups)
     return rule
 
 
@@ -131,7 +134,7 @@ def _all_gather_rule(ctx, x, *, all_gather_dimension, axis_name, axis_size, tile
                                tiled=tiled, axis_index_groups=axis_index_groups, **rest))
     return lowering.lower_all_gather(ctx, x, all_gather_dimension=all_gather_dimension,
                                      axis_name=lowering.as_axes(axis_name), axis_size=axis_size, tiled=tiled,
-                                     what="jax.lax.all_gather (via jax_r2ccl)")
+                                     what="jax.lax.all_gather (via jax_r2ccl)", index_groups=axis_index_groups)
 
 
 def _reduce_scatter_rule(ctx, x, *, scatter_dimension, axis_name, axis_index_groups, axis_size, tiled):
@@ -142,7 +145,7 @@ def _reduce_scatter_rule(ctx, x, *, scatter_dimension, axis_name, axis_index_gro
                                axis_index_groups=axis_index_groups, axis_size=axis_size, tiled=tiled))
     return lowering.lower_reduce_scatter(ctx, x, scatter_dimension=scatter_dimension,
                                          axis_name=lowering.as_axes(axis_name), axis_size=axis_size, tiled=tiled,
-                                         what="jax.lax.psum_scatter (via jax_r2ccl)")
+                                         what="jax.lax.psum_scatter (via jax_r2ccl)", index_groups=axis_index_groups)
 
 
 def _all_to_all_rule(ctx, x, *, split_axis, concat_axis, axis_name, axis_index_groups, tiled):
@@ -152,7 +155,8 @@ def _all_to_all_rule(ctx, x, *, split_axis, concat_axis, axis_name, axis_index_g
                           dict(split_axis=split_axis, concat_axis=concat_axis, axis_name=axis_name,
                                axis_index_groups=axis_index_groups, tiled=tiled))
     return lowering.lower_all_to_all(ctx, x, split_axis=split_axis, concat_axis=concat_axis,
-                                     axis_name=lowering.as_axes(axis_name), what="jax.lax.all_to_all (via jax_r2ccl)")
+                                     axis_name=lowering.as_axes(axis_name), what="jax.lax.all_to_all (via jax_r2ccl)",
+                                     index_groups=axis_index_groups)
 
 
 def _ppermute_rule(ctx, x, *, axis_name, perm):
