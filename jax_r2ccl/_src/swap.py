@@ -13,10 +13,14 @@ bind; with check_vma on, psum binds psum_invariant_p), and the collectives JAX i
 while differentiating in a shard_map (with check_vma on, the transpose of pvary — the
 gradient all-reduce of an invariant parameter — is psum_invariant_p).
 
+axis_index_groups that split the axis into groups of one size become sub-communicators
+(lowering.Comm); a shard_map manual over only some mesh axes (axis_names=, jax.vmap of a
+shard_map) is served through a nested fully-manual one (lowering._through_full_manual).
+
 The swap never makes a program fail that runs without it: a bind it cannot serve goes to
 jax's own lowering (a fallback), counted by (operation, reason) in fallbacks() and logged once
-per pair at R2CCL_DEBUG=INFO. The reasons: axis_index_groups; a shard_map manual over only some
-mesh axes (axis_names=); an abstract mesh; an axis that is no mesh axis; a vmap axis together
+per pair at R2CCL_DEBUG=INFO. The reasons: axis_index_groups of unequal sizes or that do not
+cover the axis once each; an abstract mesh; an axis that is no mesh axis; a vmap axis together
 with mesh axes (all_gather, psum_scatter, all_to_all, ppermute); a dtype jax_r2ccl does not
 move; ppermute on a GPU (the staged path does not run it yet).
 
