@@ -175,16 +175,22 @@ def test_the_swap_never_breaks_a_program_that_runs_without_it():
                                   "jax.lax.psum: dtype complex64"], r["fallbacks"]
 
 
+def _all_on_the_rails_and_equal(r):
+    """One process's jax_workers.against_jax report: every program ran with the swap, equal to
+    jax's own bit for bit, with r2ccl custom calls and no XLA collective; nothing fell back."""
+    for name, out in r.items():
+        if name == "fallbacks":
+            continue
+        assert "raised" not in out, (name, out)
+        assert out["equal"], (name, out)
+        assert out["r2ccl_calls"] >= 1 and out["xla_collectives"] == 0, (name, out)
+    assert r["fallbacks"] == [], r["fallbacks"]
+
+
 @pytest.mark.parametrize("world,local", [(2, 2), (1, 8)], ids=["2proc-x2dev", "1proc-x8dev"])
 def test_axis_index_groups_and_partly_manual_shard_maps_ride_the_rails_and_equal_jax_lax(world, local):
     for r in [r["result"] for r in run_jax_ranks("groups_and_partly_manual_cases", world, local=local, timeout=300)]:
-        for name, out in r.items():
-            if name == "fallbacks":
-                continue
-            assert "raised" not in out, (name, out)
-            assert out["equal"], (name, out)
-            assert out["r2ccl_calls"] >= 1 and out["xla_collectives"] == 0, (name, out)
-        assert r["fallbacks"] == [], r["fallbacks"]
+        _all_on_the_rails_and_equal(r)
 
 
 @pytest.mark.parametrize("local", [2, 1])
@@ -192,13 +198,7 @@ def test_ppermute_under_the_swap_rides_the_rails_and_equals_jax_lax(local):
     # Two processes: every program moves blocks between processes over the rails (and, with
     # two devices each, between a process's own devices by copy).
     for r in [r["result"] for r in run_jax_ranks("ppermute_cases", 2, local=local, timeout=240)]:
-        for name, out in r.items():
-            if name == "fallbacks":
-                continue
-            assert "raised" not in out, (name, out)
-            assert out["equal"], (name, out)
-            assert out["r2ccl_calls"] >= 1 and out["xla_collectives"] == 0, (name, out)
-        assert r["fallbacks"] == [], r["fallbacks"]
+        _all_on_the_rails_and_equal(r)
 
 
 def test_lowering_swap_routes_the_gradient_all_reduce_of_invariant_params(misc):
