@@ -529,6 +529,112 @@ def host_collective(ep, rank, world, cases, local=1, fault=None, rate=None):
     return {"bad": bad, "stats": stats}
 
 
+def ragged_layout(world, local, in_rows, spr, max_rows, seed):
+    """Consistent random slices of a ragged_all_to_all over world * local ranks, the same on every
+    process: per rank (input_offsets, send_sizes, output_offsets, recv_sizes), K = n * spr each;
+    sizes 0..max_rows (zeros included), input slices anywhere (they may overlap), each receiver's
+    incoming slices in a random order with gaps, never overlapping. Returns (slices, out_rows)."""
+    rng = np.random.default_rng(seed)
+    n = world * local
+    K = n * spr
+    size = rng.integers(0, max_rows + 1, (n, n, spr))          # [sender, receiver, t]
+    in_off = np.zeros((n, K), np.int64)
+    out_off = np.zeros((n, K), np.int64)
+    ends = []
+    for b in range(n):
+        pos = int(rng.integers(0, 3))
+        for a, t in [divmod(int(i), spr) for i in rng.permutation(n * spr)]:
+            out_off[a, b * spr + t] = pos
+            pos += int(size[a, b, t]) + int(rng.integers(0, 3))
+        ends.append(pos)
+    for a in range(n):
+        for b in range(n):
+            for t in range(spr):
+                in_off[a, b * spr + t] = rng.integers(0, in_rows - size[a, b, t] + 1)
+    send = size.reshape(n, K)
+    recv = np.stack([size[:, b, :].reshape(K) for b in range(n)])
+    return [(in_off[r], send[r], out_off[r], recv[r]) for r in range(n)], max(ends) + 1
+
+
+def ragged_reference(inputs, initial, slices, spr):
+    """jax.lax.ragged_all_to_all's result on every rank (its docstring's pseudocode)."""
+    n = len(inputs)
+    outs = [o.copy() for o in initial]
+    for a in range(n):
+        in_off, send, out_off, _ = slices[a]
+        for k in range(len(send)):
+            b = k // spr
+            outs[b][out_off[k]:out_off[k] + send[k]] = inputs[a][in_off[k]:in_off[k] + send[k]]
+    return outs
+
+
+def host_ragged(ep, rank, world, cases, local=1, fault=None, rate=None, break_=None):
+    """ragged_all_to_all cases (dtype, input rows, row shape, slices per peer, most rows per slice)
+    with `local` ranks per process, each output checked bit for bit against the reference; the
+    outputs start from their own values (only the received slices change). break_: {"rank": r,
+    "what": ...} spoils rank r's slices ("negative", "past_input", "past_output", "overlap",
+    "expects_more"); then every error is returned instead."""
+    import ml_dtypes  # noqa: F401
+    from jax_r2ccl.transport.host_collectives import HostCollectives
+    hc = HostCollectives(ep)
+    n = world * local
+    process_of_rank = [p for p in range(world) for _ in range(local)]
+    my_ranks = [r for r, p in enumerate(process_of_rank) if p == rank]
+    if rate:
+        for peer in range(world):
+            if peer != rank:
+                for s in ep.rail_stats(peer):
+                    ep.inject(peer, s["rail"], "rate", rate)
+    bad, errors, timer = [], [], None
+    for i, (dtype, in_rows, row, spr, max_rows) in enumerate(cases):
+        if fault and i == fault["case"] and rank == 0:
+            timer = threading.Timer(fault["after_s"], lambda: ep.inject(1, fault["rail"], fault["fault"]))
+            timer.start()
+        slices, out_rows = ragged_layout(world, local, in_rows, spr, max_rows, seed=100 + i)
+        row = tuple(row)
+        ins = [_rank_input("x", dtype, in_rows * int(np.prod(row)), r, seed=i).reshape((in_rows,) + row)
+               for r in range(n)]
+        initial = [_rank_input("x", dtype, out_rows * int(np.prod(row)), r + 1000, seed=i).reshape((out_rows,) + row)
+                   for r in range(n)]
+        ref = ragged_reference(ins, initial, slices, spr)
+        if break_ is not None:
+            r0, what = break_["rank"], break_["what"]
+            sl = [[np.array(a) for a in x] for x in slices]
+            in_off, send, out_off, recv = sl[r0]
+            k = int(np.argmax(send))          # a slice that moves rows
+            if what == "negative":
+                in_off[k] = -1
+            elif what == "past_input":
+                in_off[k] = in_rows - send[k] + 1
+            elif what == "past_output":
+                out_off[k] = out_rows
+            elif what == "expects_more":      # rank r0 expects a row more from rank 0 than it sends
+                recv[0] += 1
+            elif what == "overlap":           # ranks 0 and 1 both write row 0 of rank r0's output
+                for a in (0, 1):
+                    sl[a][0][r0 * spr], sl[a][1][r0 * spr], sl[a][2][r0 * spr] = 0, 1, 0
+                    sl[r0][3][a * spr] = 1
+            slices = [tuple(x) for x in sl]
+        outs = [initial[r].copy() for r in my_ranks]
+        try:
+            hc.run("ragged_all_to_all", [ins[r] for r in my_ranks], outputs=outs, process_of_rank=process_of_rank,
+                   my_ranks=my_ranks, ragged=[slices[r] for r in my_ranks], timeout=10.0 if break_ else None)
+        except R2cclError as e:
+            errors.append({"case": i, "error": str(e), "cause": e.cause})
+            continue
+        for r, o in zip(my_ranks, outs):
+            if o.dtype != ref[r].dtype or o.shape != ref[r].shape or o.tobytes() != ref[r].tobytes():
+                bad.append({"case": i, "rank": r, "rows_differing": int(np.count_nonzero(
+                    (o != ref[r]).reshape(o.shape[0], -1).any(axis=1)))})
+    if timer:
+        timer.join()
+    stats = {p: _stats_summary(ep, p) for p in range(world) if p != rank}
+    after = hc.run("all_reduce", [np.full(10, rank + 1, np.int64)], process_of_rank=list(range(world)), my_ranks=[rank])
+    barrier(ep, rank, world)
+    hc.close()
+    return {"bad": bad, "errors": errors, "stats": stats, "after": after[0].tolist()}
+
+
 def permute_with_fault(ep, rank, world, nbytes, iters, fault_cmd, heal_cmd, fault_after_s, heal_after_s):
     """jax.lax.ppermute's collective (kind permute: a ring shift, one rank per process) of
     `nbytes` per rank, `iters` times; rank 0 runs fault_cmd fault_after_s into the loop and

@@ -17,6 +17,7 @@
 #include <limits>
 #include <map>
 #include <set>
+#include <tuple>
 
 #include "base/log.h"
 
@@ -67,6 +68,22 @@ std::string validate(const ProcessCall& c, int my_process) {
   } else if (!c.perm.empty()) {
     return std::string(kind_name(c.kind)) + " takes no permutation";
   }
+  if (c.kind == Kind::kRaggedAllToAll) {
+    // Shapes only (equal on every process); the slices' values are checked inside the call.
+    if (c.row_elems == 0 || c.count % c.row_elems != 0 || c.out_count % c.row_elems != 0)
+      return "ragged_all_to_all needs whole rows: " + std::to_string(c.count) + " input and " +
+             std::to_string(c.out_count) + " output elements in rows of " + std::to_string(c.row_elems);
+    if (c.ragged.size() != c.my_ranks.size()) return "ragged_all_to_all needs one set of slices per local rank";
+    const size_t K = c.ragged.front().send.size();
+    for (const RaggedSlices& r : c.ragged)
+      if (r.in_off.size() != K || r.send.size() != K || r.out_off.size() != K || r.recv.size() != K)
+        return "ragged_all_to_all needs input_offsets, send_sizes, output_offsets and recv_sizes of one length";
+    if (K == 0 || K % static_cast<size_t>(n) != 0)
+      return "ragged_all_to_all needs a number of slices divisible by the group size (" + std::to_string(K) +
+             " slices over " + std::to_string(n) + " ranks)";
+  } else if (!c.ragged.empty()) {
+    return std::string(kind_name(c.kind)) + " takes no ragged slices";
+  }
   if (c.kind == Kind::kBroadcast && (c.root < 0 || c.root >= n))
     return "broadcast root " + std::to_string(c.root) + " is outside the group of " + std::to_string(n);
   PlanKind pk;
@@ -113,6 +130,18 @@ std::string hex_id(uint64_t v) {
   return buf;
 }
 
+// ragged_all_to_all's metadata words, little-endian on the wire.
+void put64(uint8_t* p, uint64_t v) {
+  for (int i = 0; i < 8; i++) p[i] = static_cast<uint8_t>(v >> (8 * i));
+}
+uint64_t get64(const uint8_t* p) {
+  uint64_t v = 0;
+  for (int i = 7; i >= 0; i--) v = (v << 8) | p[i];
+  return v;
+}
+constexpr uint64_t kRaggedMagic = 0x3144474152524332ull;   // "2CRRAGD1"
+constexpr uint64_t kRaggedWhyBytes = 160;                  // a rank's account of its bad slices
+
 bool overlaps(const void* a, uint64_t an, const void* b, uint64_t bn) {
   auto x = reinterpret_cast<uintptr_t>(a), y = reinterpret_cast<uintptr_t>(b);
   return an && bn && x < y + bn && y < x + an;
@@ -134,7 +163,8 @@ class Executor::Op {
       if (std::find(procs_.begin(), procs_.end(), p) == procs_.end()) procs_.push_back(p);
     mi_ = static_cast<int>(std::find(procs_.begin(), procs_.end(), me_) - procs_.begin());
     // All-to-all and permute move fixed blocks between fixed pairs: always direct.
-    algo_ = c_.kind == Kind::kAllToAll || c_.kind == Kind::kPermute ? AlgoKind::kDirect
+    algo_ = c_.kind == Kind::kAllToAll || c_.kind == Kind::kPermute || c_.kind == Kind::kRaggedAllToAll
+                ? AlgoKind::kDirect
                                        : choose_algo(want, static_cast<int>(procs_.size()), opt_.max_peers,
                                                      c_.kind == Kind::kAllReduce, static_cast<double>(c_.count * esize_));
     ring_ = algo_ == AlgoKind::kRing && procs_.size() > 1;
@@ -209,6 +239,7 @@ class Executor::Op {
         return finish(&e);
       }
     if (plan_pending_) post_planned();
+    if (ragged_pending_ && post_ragged()) return true;
     if (doubling_) post_doubling_sends();
     bool progress = true;
     while (progress) {
@@ -220,7 +251,7 @@ class Executor::Op {
     // fold can be complete while a later round's send still waits: found under ASan, where a
     // process finished without sending its last round and its partner waited out its timeout).
     if (doubling_) post_doubling_sends();
-    bool all_done = !plan_pending_ && std::all_of(pieces_.begin(), pieces_.end(), [](const Piece& p) { return p.done; }) &&
+    bool all_done = !plan_pending_ && !ragged_pending_ && std::all_of(pieces_.begin(), pieces_.end(), [](const Piece& p) { return p.done; }) &&
                     std::all_of(rounds_.begin(), rounds_.end(), [](const Round& r) { return r.sent; }) &&
                     std::all_of(msgs_.begin(), msgs_.end(), [](const Msg& m) { return m.req && m.req->finished(); });
     if (all_done) {
@@ -420,6 +451,9 @@ class Executor::Op {
   // every process with both versions named. Equal-sized mismatches (float32 vs int32) would
   // otherwise go unseen.
   Sig signature() const {
+    if (c_.kind == Kind::kRaggedAllToAll)   // (its output size, rows and slices per peer, in the group hash)
+      return make_signature(c_.kind, c_.dtype, c_.op, plan_kind_, algo_, c_.count, c_.root, c_.process_of_rank, c_.tag,
+                            {}, {c_.out_count, c_.row_elems, c_.ragged.front().send.size()});
     return make_signature(c_.kind, c_.dtype, c_.op, plan_kind_, algo_, c_.count, c_.root, c_.process_of_rank, c_.tag,
                           c_.perm);
   }
@@ -543,7 +577,9 @@ class Executor::Op {
                  "process " + std::to_string(peer) + " called " + describe_signature(other) + " but process " +
                      std::to_string(me_) + " called " + describe_signature(my_sig_) +
                      (other[3] != my_sig_[3]
-                          ? (c_.kind == Kind::kPermute ? " over a different group or permutation" : " over a different group")
+                          ? (c_.kind == Kind::kPermute           ? " over a different group or permutation"
+                             : c_.kind == Kind::kRaggedAllToAll ? " over a different group, output size or number of slices"
+                                                                : " over a different group")
                           : "") +
                      (c_.what.empty() ? "" : " [" + c_.what + "]"));
   }
@@ -556,6 +592,189 @@ class Executor::Op {
                      (c_.what.empty() ? "" : " [" + c_.what + "]") + " for it (" +
                      std::to_string((now - started_ns_) / 1000000) +
                      " ms): the processes run different programs, or the same collectives in a different order");
+  }
+
+  // ---------------------------------------------------------------- ragged_all_to_all
+  // Each local rank's slices go out at once; where they land is the receiver's business, and
+  // it learns that from one metadata message per (sender rank, receiver rank): the sender's
+  // output offsets, send sizes and receive sizes for that pair, and whether its own slices
+  // were valid (with why not). Once every metadata message and signature is here, each
+  // process checks the pairs both ways (what a sends b equals what b expects from a), the
+  // placements and that no two slices overlap in an output, then posts each slice's receive
+  // straight into the output at its offset. A bad slice anywhere fails every process.
+
+  uint64_t ragged_meta_bytes() const { return 8 * (4 + 3 * spr_) + kRaggedWhyBytes; }
+
+  std::string ragged_problem(size_t i) const {
+    const RaggedSlices& r = c_.ragged[i];
+    const auto in_rows = static_cast<int64_t>(c_.count / c_.row_elems);
+    const auto out_rows = static_cast<int64_t>(c_.out_count / c_.row_elems);
+    for (size_t k = 0; k < r.send.size(); k++) {
+      const std::string sl = "slice " + std::to_string(k) + " ";
+      if (r.send[k] < 0 || r.recv[k] < 0 || r.in_off[k] < 0 || r.out_off[k] < 0)
+        return sl + "has a negative offset or size (input offset " + std::to_string(r.in_off[k]) + ", send size " +
+               std::to_string(r.send[k]) + ", output offset " + std::to_string(r.out_off[k]) + ", receive size " +
+               std::to_string(r.recv[k]) + ")";
+      if (r.in_off[k] > in_rows - r.send[k])
+        return sl + "sends rows " + std::to_string(r.in_off[k]) + " to " + std::to_string(r.in_off[k] + r.send[k]) +
+               " of an input of " + std::to_string(in_rows) + " rows";
+      if (r.out_off[k] > out_rows - r.send[k])
+        return sl + "is written at rows " + std::to_string(r.out_off[k]) + " to " +
+               std::to_string(r.out_off[k] + r.send[k]) + " of its receiver's output of " + std::to_string(out_rows) +
+               " rows";
+      if (r.recv[k] > out_rows)
+        return sl + "receives " + std::to_string(r.recv[k]) + " rows into an output of " + std::to_string(out_rows);
+    }
+    return {};
+  }
+
+  void plan_ragged() {
+    const int n = static_cast<int>(c_.process_of_rank.size());
+    spr_ = c_.ragged.front().send.size() / static_cast<size_t>(n);
+    const uint64_t row = c_.row_elems * esize_, mlen = ragged_meta_bytes();
+    for (size_t i = 0; i < c_.in.size(); i++)
+      for (size_t j = 0; j < c_.out.size(); j++)
+        if (overlaps(c_.in[i], c_.count * esize_, c_.out[j], c_.out_count * esize_))
+          throw Error(Cause::kInvalidArgument, -1, describe() + ": an input shares memory with an output");
+    for (size_t i = 0; i < c_.my_ranks.size(); i++) {
+      const int r = c_.my_ranks[i];
+      const RaggedSlices& sl = c_.ragged[i];
+      ragged_why_.push_back(ragged_problem(i));
+      const std::string& why = ragged_why_.back();
+      for (int d = 0; d < n; d++) {
+        const int q = c_.process_of_rank[static_cast<size_t>(d)];
+        if (q == me_) continue;
+        uint8_t* m = temp(mlen);
+        std::memset(m, 0, mlen);
+        put64(m, kRaggedMagic);
+        put64(m + 8, why.empty() ? 0 : 1);
+        put64(m + 16, c_.out_count);
+        put64(m + 24, c_.row_elems);
+        for (size_t t = 0; t < spr_; t++) {
+          const size_t k = static_cast<size_t>(d) * spr_ + t;
+          put64(m + 32 + 24 * t, static_cast<uint64_t>(sl.out_off[k]));
+          put64(m + 40 + 24 * t, static_cast<uint64_t>(sl.send[k]));
+          put64(m + 48 + 24 * t, static_cast<uint64_t>(sl.recv[k]));
+        }
+        std::memcpy(m + mlen - kRaggedWhyBytes, why.data(), std::min<size_t>(why.size(), kRaggedWhyBytes - 1));
+        send(q, mix_tag(c_.tag, 9, static_cast<uint64_t>(r), static_cast<uint64_t>(d), 0), m, mlen);
+        uint8_t* got = temp(mlen);
+        ragged_meta_.push_back(
+            {recv(q, mix_tag(c_.tag, 9, static_cast<uint64_t>(d), static_cast<uint64_t>(r), 0), got, mlen), d, i, got});
+        if (!why.empty()) continue;   // nothing of a bad rank's moves
+        for (size_t t = 0; t < spr_; t++) {
+          const size_t k = static_cast<size_t>(d) * spr_ + t;
+          if (sl.send[k] > 0)
+            send(q, mix_tag(c_.tag, 10, static_cast<uint64_t>(r), static_cast<uint64_t>(d), t),
+                 at(c_.in[i], static_cast<uint64_t>(sl.in_off[k]) * c_.row_elems), static_cast<uint64_t>(sl.send[k]) * row);
+        }
+      }
+    }
+    ragged_pending_ = true;
+  }
+
+  // Returns true when the op finished (with an error); false while metadata is on its way or
+  // once the slices' receives are posted.
+  bool post_ragged() {
+    for (const SigMsg& sm : sig_msgs_)
+      if (!msgs_[sm.msg].req->finished() || msgs_[sm.msg].req->failed()) return false;
+    for (const RaggedMeta& rm : ragged_meta_)
+      if (!msgs_[rm.msg].req->finished() || msgs_[rm.msg].req->failed()) return false;
+    ragged_pending_ = false;
+    const int n = static_cast<int>(c_.process_of_rank.size());
+    const auto out_rows = static_cast<int64_t>(c_.out_count / c_.row_elems);
+    const uint64_t row = c_.row_elems * esize_, mlen = ragged_meta_bytes();
+    auto fail = [&](Cause cause, int peer_rank, const std::string& why) {
+      Error e(cause, peer_rank < 0 ? -1 : c_.process_of_rank[static_cast<size_t>(peer_rank)], describe() + ": " + why);
+      return finish(&e);
+    };
+    // A rank whose own slices are wrong: every process names it and its reason.
+    for (size_t i = 0; i < ragged_why_.size(); i++)
+      if (!ragged_why_[i].empty())
+        return fail(Cause::kInvalidArgument, -1, "rank " + std::to_string(c_.my_ranks[i]) + ": " + ragged_why_[i]);
+    for (const RaggedMeta& rm : ragged_meta_) {
+      const uint8_t* m = rm.where;
+      if (get64(m) != kRaggedMagic || get64(m + 16) != c_.out_count || get64(m + 24) != c_.row_elems)
+        return fail(Cause::kProtocol, rm.from, "rank " + std::to_string(rm.from) + "'s ragged metadata is malformed");
+      if (get64(m + 8) != 0) {
+        std::string why;
+        for (uint64_t b = mlen - kRaggedWhyBytes; b < mlen && m[b]; b++)
+          why += m[b] >= 0x20 && m[b] < 0x7f ? static_cast<char>(m[b]) : '?';
+        return fail(Cause::kInvalidArgument, rm.from, "rank " + std::to_string(rm.from) + ": " + why);
+      }
+    }
+    // Every pair, both ways; placements; overlaps. (a sends b, b is local; slice t of spr_.)
+    struct Land {
+      int64_t off, rows;
+      int from;
+      size_t t;
+      const void* src;   // a local sender's rows, else null (a receive)
+    };
+    for (size_t bi = 0; bi < c_.my_ranks.size(); bi++) {
+      const int b = c_.my_ranks[bi];
+      const RaggedSlices& mine = c_.ragged[bi];
+      std::vector<Land> lands;
+      for (int a = 0; a < n; a++) {
+        const bool local = c_.process_of_rank[static_cast<size_t>(a)] == me_;
+        const RaggedMeta* rm = nullptr;
+        if (!local)
+          for (const RaggedMeta& x : ragged_meta_)
+            if (x.from == a && x.local == bi) rm = &x;
+        const size_t ai = local ? static_cast<size_t>(local_index(a)) : 0;
+        for (size_t t = 0; t < spr_; t++) {
+          const size_t k = static_cast<size_t>(b) * spr_ + t, j = static_cast<size_t>(a) * spr_ + t;
+          int64_t off, rows;
+          if (local) {
+            off = c_.ragged[ai].out_off[k];
+            rows = c_.ragged[ai].send[k];
+          } else {
+            off = static_cast<int64_t>(get64(rm->where + 32 + 24 * t));
+            rows = static_cast<int64_t>(get64(rm->where + 40 + 24 * t));
+            const auto expects = static_cast<int64_t>(get64(rm->where + 48 + 24 * t));
+            if (expects != mine.send[j])
+              return fail(Cause::kMismatch, a,
+                          "rank " + std::to_string(b) + " sends " + std::to_string(mine.send[j]) + " rows to rank " +
+                              std::to_string(a) + " in slice " + std::to_string(t) + " of its " + std::to_string(spr_) +
+                              ", which expects " + std::to_string(expects));
+          }
+          if (rows != mine.recv[j])
+            return fail(Cause::kMismatch, local ? -1 : a,
+                        "rank " + std::to_string(a) + " sends " + std::to_string(rows) + " rows to rank " +
+                            std::to_string(b) + " in slice " + std::to_string(t) + " of its " + std::to_string(spr_) +
+                            ", which expects " + std::to_string(mine.recv[j]));
+          if (off < 0 || rows < 0 || off > out_rows - rows)   // (the sender checked; this came from the network)
+            return fail(Cause::kProtocol, local ? -1 : a,
+                        "rank " + std::to_string(a) + " places " + std::to_string(rows) + " rows at row " +
+                            std::to_string(off) + " of an output of " + std::to_string(out_rows));
+          if (rows > 0)
+            lands.push_back({off, rows, a, t,
+                             local ? at(c_.in[ai], static_cast<uint64_t>(c_.ragged[ai].in_off[k]) * c_.row_elems)
+                                   : nullptr});
+        }
+      }
+      std::sort(lands.begin(), lands.end(), [](const Land& x, const Land& y) {
+        return std::tie(x.off, x.from, x.t) < std::tie(y.off, y.from, y.t);
+      });
+      for (size_t i = 1; i < lands.size(); i++)
+        if (lands[i].off < lands[i - 1].off + lands[i - 1].rows)
+          return fail(Cause::kInvalidArgument, -1,
+                      "rows " + std::to_string(lands[i].off) + " to " +
+                          std::to_string(std::min(lands[i].off + lands[i].rows, lands[i - 1].off + lands[i - 1].rows)) +
+                          " of rank " + std::to_string(b) + "'s output are written by rank " +
+                          std::to_string(lands[i - 1].from) + " (slice " + std::to_string(lands[i - 1].t) +
+                          ") and by rank " + std::to_string(lands[i].from) + " (slice " + std::to_string(lands[i].t) +
+                          ")");
+      for (const Land& l : lands) {
+        uint8_t* dst = at(c_.out[bi], static_cast<uint64_t>(l.off) * c_.row_elems);
+        const uint64_t bytes = static_cast<uint64_t>(l.rows) * row;
+        if (l.src)
+          final_copies_.push_back({dst, l.src, bytes});
+        else
+          recv(c_.process_of_rank[static_cast<size_t>(l.from)],
+               mix_tag(c_.tag, 10, static_cast<uint64_t>(l.from), static_cast<uint64_t>(b), l.t), dst, bytes);
+      }
+    }
+    return false;
   }
 
   void record_plan(PlanKind kind, std::vector<double> shares, std::vector<double> caps) {
@@ -727,6 +946,9 @@ class Executor::Op {
         }
         break;
       }
+      case Kind::kRaggedAllToAll:
+        plan_ragged();
+        break;
       case Kind::kBroadcast: {
         const uint64_t bytes = N * esize_;
         int root_proc = c_.process_of_rank[c_.root];
@@ -1030,6 +1252,18 @@ class Executor::Op {
   uint8_t* slots_ = nullptr;            // doubling: every process's local sum, by ring distance
   std::vector<int> slot_msg_;           // doubling: the receive that fills each slot (-1: local)
   bool plan_pending_ = false;     // a large all-reduce waiting for every capacity
+  // ragged_all_to_all: slices per peer, each local rank's account of its own bad slices (empty:
+  // valid), the metadata messages from remote ranks, and whether the receives wait for them.
+  size_t spr_ = 0;
+  std::vector<std::string> ragged_why_;
+  struct RaggedMeta {
+    int msg;
+    int from;                // the sending rank
+    size_t local;            // index into my_ranks of the receiving rank
+    const uint8_t* where;
+  };
+  std::vector<RaggedMeta> ragged_meta_;
+  bool ragged_pending_ = false;
   double my_capacity_ = 1.0;
   const uint8_t* S_ = nullptr;    // this process's local sum, for the owners' segments
   std::function<void()> wake_;

@@ -33,12 +33,21 @@
 
 namespace r2ccl::coll {
 
-enum class Kind : int { kAllReduce = 0, kReduceScatter, kAllGather, kAllToAll, kBroadcast, kPermute };
+enum class Kind : int { kAllReduce = 0, kReduceScatter, kAllGather, kAllToAll, kBroadcast, kPermute, kRaggedAllToAll };
 // The kinds' names in enum order: the one list. The FFI attribute `kind` is the index, so
 // jax_r2ccl's lowering and host collectives read it from _core.names() instead of a copy.
 inline constexpr const char* kKindNames[] = {"all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast",
-                                            "permute"};
-static_assert(std::size(kKindNames) == static_cast<size_t>(Kind::kPermute) + 1, "a Kind without a name");
+                                            "permute",    "ragged_all_to_all"};
+static_assert(std::size(kKindNames) == static_cast<size_t>(Kind::kRaggedAllToAll) + 1, "a Kind without a name");
+
+// ragged_all_to_all (jax.lax.ragged_all_to_all), one local rank's slices: K = n * s of them
+// (s per peer), in rows of ProcessCall::row_elems elements. Slice k goes to rank k / s: send[k]
+// rows from row in_off[k] of the input, written at row out_off[k] of that rank's output; the
+// receiver expects recv[j] rows in its slice j = sender * s + k % s. Per rank, not equal across
+// processes: checked inside the collective, so a bad one fails the call on every process.
+struct RaggedSlices {
+  std::vector<int64_t> in_off, send, out_off, recv;
+};
 const char* kind_name(Kind k);
 bool parse_kind(const std::string& name, Kind* out);   // inverse of kind_name; false when unknown
 
@@ -55,6 +64,11 @@ struct ProcessCall {
   // permute (jax.lax.ppermute): each rank's destination rank, or -1 (sends nothing); no two
   // ranks share a destination; a rank no one sends to gets zeros. Equal on every process.
   std::vector<int> perm;
+  // ragged_all_to_all: per entry of my_ranks; rows of row_elems elements; out_count elements
+  // in each output, which holds the result's initial value (only received slices are written).
+  std::vector<RaggedSlices> ragged;
+  uint64_t row_elems = 1;
+  uint64_t out_count = 0;
   uint64_t tag = 0;                      // unique per collective instance, equal on every process
   std::vector<int> process_of_rank;      // the group, in rank order: each rank's process
   std::vector<int> my_ranks;             // the ranks this process holds, increasing

@@ -8,10 +8,12 @@
 namespace r2ccl::coll {
 
 Sig make_signature(Kind kind, DType dtype, ReduceOp op, PlanKind plan, AlgoKind algo, uint64_t count, int root,
-                   const std::vector<int>& process_of_rank, uint64_t tag, const std::vector<int>& perm) {
+                   const std::vector<int>& process_of_rank, uint64_t tag, const std::vector<int>& perm,
+                   const std::vector<uint64_t>& shape) {
   uint64_t group_hash = 0xCBF29CE484222325ull;
   for (int p : process_of_rank) group_hash = (group_hash ^ static_cast<uint64_t>(p)) * 0x100000001B3ull;
   for (int d : perm) group_hash = (group_hash ^ static_cast<uint64_t>(static_cast<int64_t>(d) + 2)) * 0x100000001B3ull;
+  for (uint64_t v : shape) group_hash = (group_hash ^ (v + 0x5A)) * 0x100000001B3ull;
   const uint64_t pl = kind == Kind::kAllReduce ? static_cast<uint64_t>(plan) : 0;
   return {static_cast<uint64_t>(kind) | static_cast<uint64_t>(dtype) << 8 | static_cast<uint64_t>(op) << 16 | pl << 24 |
               static_cast<uint64_t>(algo) << 32,

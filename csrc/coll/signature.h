@@ -26,9 +26,11 @@ inline constexpr uint64_t kSigMagic = 0x5347495343435232ull;   // "2RCCSIGS"
 // healthy-NIC units, read by a planned all-reduce).
 inline constexpr uint64_t kSigMessageBytes = kSigBytes + sizeof(double);
 
-// `perm` (permute's destinations) is folded into the group hash.
+// `perm` (permute's destinations) and `shape` (ragged_all_to_all's output size, row and slice
+// counts) are folded into the group hash.
 Sig make_signature(Kind kind, DType dtype, ReduceOp op, PlanKind plan, AlgoKind algo, uint64_t count, int root,
-                   const std::vector<int>& process_of_rank, uint64_t tag, const std::vector<int>& perm = {});
+                   const std::vector<int>& process_of_rank, uint64_t tag, const std::vector<int>& perm = {},
+                   const std::vector<uint64_t>& shape = {});
 // The same call (words 0-3 equal); words 4 and 5 say which instance, not what it is.
 inline bool same_call(const Sig& a, const Sig& b) { return a[0] == b[0] && a[1] == b[1] && a[2] == b[2] && a[3] == b[3]; }
 // An announcement: a signature message (magic in word 4), of collective `tag`.

@@ -6,6 +6,7 @@
 // to (constants). Knows nothing of sockets.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/array.h>
 #include <nanobind/stl/map.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/shared_ptr.h>
@@ -584,11 +585,15 @@ NB_MODULE(_core, m) {
           [](coll::Executor& ex, const std::string& kind, const std::string& dtype, const std::string& op, int root,
              uint64_t tag, const std::vector<int>& process_of_rank, const std::vector<int>& my_ranks,
              std::vector<Buffer> inputs, std::vector<Buffer> outputs, uint64_t count, double timeout,
-             const std::string& what, const std::string& plan, const std::string& algo, const std::vector<int>& perm) {
+             const std::string& what, const std::string& plan, const std::string& algo, const std::vector<int>& perm,
+             const std::vector<std::array<std::vector<int64_t>, 4>>& ragged, uint64_t row_elems, uint64_t ragged_out) {
             coll::ProcessCall c;
             c.plan = plan;
             c.algo = algo;
             c.perm = perm;
+            for (auto& r : ragged) c.ragged.push_back({r[0], r[1], r[2], r[3]});
+            c.row_elems = row_elems;
+            c.out_count = ragged_out;
             if (!coll::parse_kind(kind, &c.kind))
               throw Error(Cause::kInvalidArgument, -1, "unknown collective '" + kind + "'");
             if (!coll::parse_dtype(dtype, &c.dtype))
@@ -603,7 +608,9 @@ NB_MODULE(_core, m) {
             c.timeout_s = timeout;
             c.what = what;
             const uint64_t esize = coll::dtype_size(c.dtype);
-            const uint64_t out_count = coll::output_count(c.kind, count, static_cast<int>(process_of_rank.size()));
+            const uint64_t out_count = c.kind == coll::Kind::kRaggedAllToAll
+                                           ? ragged_out
+                                           : coll::output_count(c.kind, count, static_cast<int>(process_of_rank.size()));
             for (auto& b : inputs) {
               if (b.nbytes() != count * esize)
                 throw Error(Cause::kInvalidArgument, -1, "an input holds " + std::to_string(b.nbytes()) +
@@ -622,7 +629,8 @@ NB_MODULE(_core, m) {
           nb::arg("kind"), nb::arg("dtype"), nb::arg("op"), nb::arg("root"), nb::arg("tag"),
           nb::arg("process_of_rank"), nb::arg("my_ranks"), nb::arg("inputs"), nb::arg("outputs"), nb::arg("count"),
           nb::arg("timeout"), nb::arg("what") = "", nb::arg("plan") = "", nb::arg("algo") = "",
-          nb::arg("perm") = std::vector<int>{})
+          nb::arg("perm") = std::vector<int>{}, nb::arg("ragged") = std::vector<std::array<std::vector<int64_t>, 4>>{},
+          nb::arg("row_elems") = 1, nb::arg("ragged_out") = 0)
       .def(
           "set_capacity_source",
           [](coll::Executor& ex, nb::handle src) {

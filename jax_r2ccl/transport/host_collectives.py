@@ -52,10 +52,15 @@ class HostCollectives:
     def run(self, kind: str, inputs: Sequence[np.ndarray], *, process_of_rank: Sequence[int],
             my_ranks: Sequence[int], op: str = "sum", root: int = 0, timeout: float | None = None,
             outputs: Sequence[np.ndarray] | None = None, plan: str = "", key: str | None = None,
-            algo: str = "", perm: Sequence[int] | None = None) -> list[np.ndarray]:
+            algo: str = "", perm: Sequence[int] | None = None, ragged: Sequence | None = None) -> list[np.ndarray]:
         """plan: the all-reduce plan for this call (default R2CCL_PLAN); equal on every process.
         perm: "permute" only: each rank's destination rank, or -1 (sends nothing); a rank no
         one sends to gets zeros. Equal on every process.
+        ragged: "ragged_all_to_all" only (jax.lax.ragged_all_to_all): per local rank,
+        (input_offsets, send_sizes, output_offsets, recv_sizes), each K = n * s integers (s slices
+        per peer) counting rows, a row being an input's slice along its first axis. `outputs`
+        (required: rows of the same shape) hold the result's initial value; only the received
+        slices are written into them, in place.
         algo: the algorithm for this call (default R2CCL_ALGO); equal on every process.
         key: names this call on every process, so threads may issue calls concurrently and in
         any order; no other call of this object may use the same key. Without it, calls are
@@ -75,6 +80,24 @@ class HostCollectives:
         count = int(inputs[0].size)
         n = len(process_of_rank)
         want = output_count(kind, count, n)
+        row_elems, slices = 1, []
+        if kind == "ragged_all_to_all":
+            if outputs is None or ragged is None:
+                raise R2cclError("ragged_all_to_all needs outputs= (the result's initial values) and ragged= "
+                                 "(input_offsets, send_sizes, output_offsets, recv_sizes per local rank)")
+            row_elems = int(np.prod(inputs[0].shape[1:], dtype=np.int64)) if inputs[0].ndim else 1
+            want = int(np.asarray(outputs[0]).size)
+            if any(np.asarray(o).shape[1:] != inputs[0].shape[1:] for o in outputs):
+                raise R2cclError("ragged_all_to_all's outputs must have the inputs' row shape "
+                                 f"{tuple(inputs[0].shape[1:])}")
+            if len(ragged) != len(inputs):
+                raise R2cclError(f"{len(ragged)} sets of ragged slices for {len(inputs)} local ranks")
+            slices = [[[int(v) for v in np.asarray(a).reshape(-1)] for a in r] for r in ragged]
+            if any(len(r) != 4 for r in slices):
+                raise R2cclError("each local rank's ragged slices are (input_offsets, send_sizes, output_offsets, "
+                                 "recv_sizes)")
+        elif ragged is not None:
+            raise R2cclError(f"{kind} takes no ragged slices")
         if outputs is None:
             outputs = [np.empty(want, dtype) for _ in inputs]
         else:
@@ -96,7 +119,7 @@ class HostCollectives:
         self._ex.run(kind, dtype.name, op, int(root), self._tag(key), list(map(int, process_of_rank)),
                      list(map(int, my_ranks)), flat_in, flat_out, count,
                      float(self._ep.config.timeout_s if timeout is None else timeout), kind, str(plan), str(algo),
-                     [int(d) for d in (perm or ())])
+                     [int(d) for d in (perm or ())], slices, row_elems, want if kind == "ragged_all_to_all" else 0)
         return list(outputs)
 
     def set_capacity(self, source) -> None:
