@@ -655,6 +655,84 @@ def groups_and_partly_manual_cases(rank, world, local):
     return res
 
 
+def ragged_cases(rank, world, local):
+    """jax.lax.ragged_all_to_all under the lowering swap (XLA:CPU has no ragged-all-to-all of its
+    own: jax alone raises UNIMPLEMENTED) against its docstring's semantics computed in numpy, bit
+    for bit: over the flat mesh and over one axis of a 2-D mesh (a group per row), 1-D and 2-D
+    rows, several dtypes, int32 and int64 offsets, slices of every size (zero included), several
+    per peer, inside jit with work around it, and under grad (jax transposes it into another
+    ragged_all_to_all, and all_to_all of the offsets, both on the rails). Every program lowered
+    with r2ccl custom calls and no XLA collective."""
+    jax, jnp, Mesh, NamedSharding, P = _jax()
+    import jax_r2ccl
+    from workers import ragged_layout, ragged_reference
+    devs = np.array(sorted(jax.devices(), key=lambda d: (d.process_index, d.id)))
+    N = devs.size
+    flat = Mesh(devs, ("i",))
+    grid = Mesh(devs.reshape(world, local), ("p", "l"))
+
+    def case(mesh, axes, over, dtype, in_rows, row, spr, max_rows, idx, seed, grad=False):
+        n = int(np.prod([mesh.shape[a] for a in over]))
+        G = N // n
+        layouts = [ragged_layout(1, n, in_rows, spr, max_rows, seed + g, disjoint_inputs=grad) for g in range(G)]
+        out_rows = max(m for _, m in layouts)
+        rng = np.random.default_rng(seed)
+        ins = [(rng.integers(-8, 9, (in_rows,) + row) * 0.5).astype(np_dtype(dtype)) for _ in range(N)]
+        inits = [(rng.integers(-8, 9, (out_rows,) + row) * 0.5).astype(np_dtype(dtype)) for _ in range(N)]
+        # at[g][r]: the flat mesh position of rank r of group g (the other axes, then `over`)
+        names = list(mesh.axis_names)
+        order = [names.index(a) for a in names if a not in over] + [names.index(a) for a in over]
+        at = np.arange(N).reshape(mesh.devices.shape).transpose(order).reshape(G, n)
+        sl, ref = [None] * N, [None] * N
+        for g in range(G):
+            outs = ragged_reference([ins[q] for q in at[g]], [inits[q] for q in at[g]], layouts[g][0], spr)
+            for r, q in enumerate(at[g]):
+                sl[q], ref[q] = layouts[g][0][r], outs[r]
+        arrays = [global_array(mesh, axes, ins), global_array(mesh, axes, inits)] + [
+            global_array(mesh, axes, [np.asarray(sl[q][j], idx) for q in range(N)]) for j in range(4)]
+        body = lambda *a: jax.lax.ragged_all_to_all(*a, axis_name=over)    # noqa: E731
+        f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P(axes), out_specs=P(axes), check_vma=False))
+        want = ref
+        if grad:   # d/d operand of sum(result * w), w = the output rows' positions: numpy's own transpose
+            w = [np.arange(out_rows * int(np.prod(row)), dtype=np.float32).reshape((out_rows,) + row) for _ in range(N)]
+            arrays.append(global_array(mesh, axes, w))
+            f = jax.jit(jax.grad(lambda op, *rest: jnp.sum(jax.shard_map(
+                body, mesh=mesh, in_specs=P(axes), out_specs=P(axes), check_vma=False)(op, *rest[:-1]) * rest[-1])))
+            want = [np.zeros_like(x) for x in ins]
+            for g in range(G):
+                for a in range(n):
+                    in_off, send, out_off, _ = layouts[g][0][a]
+                    for k in range(len(send)):
+                        b = at[g][k // spr]
+                        want[at[g][a]][in_off[k]:in_off[k] + send[k]] += w[b][out_off[k]:out_off[k] + send[k]]
+        pos = {d.id: q for q, d in enumerate(mesh.devices.flat)}
+        out = {}
+        try:
+            with jax_r2ccl.enabled():
+                text = f.lower(*arrays).as_text()
+                got = f(*arrays)
+            out["equal"] = all(np.asarray(s.data).dtype == want[pos[s.device.id]].dtype and
+                               np.asarray(s.data).tobytes() == want[pos[s.device.id]].tobytes()
+                               for s in got.addressable_shards)
+            out["r2ccl_calls"] = text.count("r2ccl_")
+            out["xla_collectives"] = sum(text.count(c) for c in XLA_COLLECTIVES) + text.count("@ragged_all_to_all")
+        except Exception as e:   # noqa: BLE001
+            out["raised"] = f"{type(e).__name__}: {e}"
+        jax.clear_caches()
+        return out
+
+    res = {
+        "flat_f32": case(flat, ("i",), ("i",), "float32", 24, (), 1, 6, np.int32, 1),
+        "flat_rows_bf16_two_per_peer": case(flat, ("i",), ("i",), "bfloat16", 20, (3,), 2, 4, np.int64, 2),
+        "flat_int32_rows": case(flat, ("i",), ("i",), "int32", 16, (2, 2), 1, 5, np.int32, 3),
+        "grid_over_l": case(grid, ("p", "l"), ("l",), "float32", 18, (2,), 2, 4, np.int32, 4),
+        "grid_over_p": case(grid, ("p", "l"), ("p",), "float32", 18, (2,), 1, 6, np.int64, 5),
+        "grad": case(flat, ("i",), ("i",), "float32", 16, (2,), 1, 3, np.int32, 6, grad=True),
+    }
+    res["fallbacks"] = sorted(f"{op}: {why}" for (op, why) in jax_r2ccl.swap_fallbacks())
+    return res
+
+
 def _barrier(name):
     from jax_r2ccl._compat.jax_kv import distributed_client
     distributed_client().wait_at_barrier("r2ccl-test-" + name, 60_000)

@@ -529,11 +529,12 @@ def host_collective(ep, rank, world, cases, local=1, fault=None, rate=None):
     return {"bad": bad, "stats": stats}
 
 
-def ragged_layout(world, local, in_rows, spr, max_rows, seed):
+def ragged_layout(world, local, in_rows, spr, max_rows, seed, disjoint_inputs=False):
     """Consistent random slices of a ragged_all_to_all over world * local ranks, the same on every
     process: per rank (input_offsets, send_sizes, output_offsets, recv_sizes), K = n * spr each;
     sizes 0..max_rows (zeros included), input slices anywhere (they may overlap), each receiver's
-    incoming slices in a random order with gaps, never overlapping. Returns (slices, out_rows)."""
+    incoming slices in a random order with gaps, never overlapping (disjoint_inputs: nor do a
+    sender's input slices, as a gradient through jax's transpose needs). Returns (slices, out_rows)."""
     rng = np.random.default_rng(seed)
     n = world * local
     K = n * spr
@@ -548,9 +549,14 @@ def ragged_layout(world, local, in_rows, spr, max_rows, seed):
             pos += int(size[a, b, t]) + int(rng.integers(0, 3))
         ends.append(pos)
     for a in range(n):
+        pos = 0
         for b in range(n):
             for t in range(spr):
-                in_off[a, b * spr + t] = rng.integers(0, in_rows - size[a, b, t] + 1)
+                if disjoint_inputs:
+                    in_off[a, b * spr + t], pos = pos, pos + int(size[a, b, t])
+                    assert pos <= in_rows, (pos, in_rows)
+                else:
+                    in_off[a, b * spr + t] = rng.integers(0, in_rows - size[a, b, t] + 1)
     send = size.reshape(n, K)
     recv = np.stack([size[:, b, :].reshape(K) for b in range(n)])
     return [(in_off[r], send[r], out_off[r], recv[r]) for r in range(n)], max(ends) + 1

@@ -209,6 +209,17 @@ std::string Runtime::check_locked(const DeviceCall& call, size_t* n_ranks) const
   if ((call.kind == Kind::kReduceScatter || call.kind == Kind::kAllToAll) && call.count % n != 0)
     return std::string(kind_name(call.kind)) + " needs an input size divisible by the group size (" +
            std::to_string(call.count) + " elements over " + std::to_string(n) + " ranks)";
+  if (call.kind == Kind::kRaggedAllToAll) {   // (the slices' values are checked in the collective)
+    const size_t K = call.ragged.send.size();
+    if (call.row_elems == 0 || call.count % call.row_elems || call.out_count % call.row_elems)
+      return "ragged_all_to_all needs whole rows of " + std::to_string(call.row_elems) + " elements";
+    if (K == 0 || K % n || call.ragged.in_off.size() != K || call.ragged.out_off.size() != K ||
+        call.ragged.recv.size() != K)
+      return "ragged_all_to_all needs offsets and sizes of one length, a multiple of the group size " +
+             std::to_string(n) + " (got " + std::to_string(K) + ")";
+    *n_ranks = members.size();
+    return {};
+  }
   // The result buffer must hold exactly what the collective writes: checked before anything
   // is handed on, so a wrong buffer fails the call instead of being overrun.
   const uint64_t expect = output_count(call.kind, call.count, static_cast<int>(n));
@@ -269,7 +280,8 @@ bool Runtime::device_call(DeviceCall call) {
     if (!p.calls.empty()) {
       const DeviceCall& a = p.calls.front();
       if (a.kind != call.kind || a.dtype != call.dtype || a.op != call.op || a.count != call.count ||
-          a.root != call.root || a.prefolded != call.prefolded) {
+          a.root != call.root || a.prefolded != call.prefolded || a.out_count != call.out_count ||
+          a.row_elems != call.row_elems || a.ragged.send.size() != call.ragged.send.size()) {
         std::string why = std::string("local ranks disagree about a collective: rank ") + std::to_string(a.rank) +
                           " called " + kind_name(a.kind) + " of " + std::to_string(a.count) + " " +
                           dtype_name(a.dtype) + ", rank " + std::to_string(call.rank) + " called " +
@@ -295,6 +307,11 @@ bool Runtime::device_call(DeviceCall call) {
     pc.root = a.root;
     if (a.kind == Kind::kPermute) pc.perm = comm.perm;
     pc.count = a.count;
+    if (a.kind == Kind::kRaggedAllToAll) {
+      pc.row_elems = a.row_elems;
+      pc.out_count = a.out_count;
+      for (auto& c : ready) pc.ragged.push_back(c.ragged);
+    }
     pc.prefolded = a.prefolded && (a.kind == Kind::kAllReduce || a.kind == Kind::kReduceScatter);
     pc.process_of_rank = members;
     pc.timeout_s = timeout_s_;

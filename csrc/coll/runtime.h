@@ -41,6 +41,10 @@ struct DeviceCall {
   // canonical order, into the lowest local rank's `in` (a device-side fold); the other local
   // ranks' `in` is unused.
   bool prefolded = false;
+  // ragged_all_to_all: this rank's slices, and the elements of one row (input and output are
+  // rows; out_count is the output's size, any whole number of rows).
+  RaggedSlices ragged;
+  uint64_t row_elems = 1;
   std::function<void(const Error*)> done;
 };
 

@@ -7,7 +7,9 @@
 #include <atomic>
 #include <exception>
 #include <string>
+#include <tuple>
 #include <utility>
+#include <vector>
 
 #include "base/error.h"
 #include "coll/runtime.h"
@@ -109,6 +111,64 @@ inline std::string decode(coll::DeviceCall& c, uint64_t run_id, const xffi::AnyB
   c.out = out.untyped_data();
   c.count = x.element_count();
   c.out_count = out.element_count();
+  return {};
+}
+
+// ragged_all_to_all's custom call: the operand, the output (aliased to the result, so the
+// result starts as it), input_offsets, send_sizes, output_offsets, recv_sizes (s32 or s64),
+// group, rank; the result; comm_id, op_id.
+template <typename Binding>
+auto bind_ragged(Binding b) {
+  return std::move(b).template Ctx<xffi::RunId>()
+      .template Arg<xffi::AnyBuffer>()
+      .template Arg<xffi::AnyBuffer>()
+      .template Arg<xffi::AnyBuffer>()
+      .template Arg<xffi::AnyBuffer>()
+      .template Arg<xffi::AnyBuffer>()
+      .template Arg<xffi::AnyBuffer>()
+      .template Arg<xffi::Buffer<xffi::S32>>()
+      .template Arg<xffi::Buffer<xffi::S32>>()
+      .template Ret<xffi::AnyBuffer>()
+      .template Attr<int64_t>("comm_id")
+      .template Attr<int64_t>("op_id");
+}
+
+// One of ragged_all_to_all's integer operands into `out`; empty, or why it cannot be.
+inline std::string decode_ints(const xffi::AnyBuffer& b, const char* name, std::vector<int64_t>* out) {
+  const size_t n = b.element_count();
+  out->resize(n);
+  if (b.element_type() == xffi::DataType::S32) {
+    const auto* p = static_cast<const int32_t*>(b.untyped_data());
+    for (size_t i = 0; i < n; i++) (*out)[i] = p[i];
+  } else if (b.element_type() == xffi::DataType::S64) {
+    const auto* p = static_cast<const int64_t*>(b.untyped_data());
+    for (size_t i = 0; i < n; i++) (*out)[i] = p[i];
+  } else {
+    return std::string("ragged_all_to_all's ") + name + " must be int32 or int64";
+  }
+  return {};
+}
+
+inline std::string decode_ragged(coll::DeviceCall& c, uint64_t run_id, const xffi::AnyBuffer& x,
+                                 const xffi::AnyBuffer& output, const xffi::AnyBuffer& in_off,
+                                 const xffi::AnyBuffer& send, const xffi::AnyBuffer& out_off,
+                                 const xffi::AnyBuffer& recv, int32_t group, int32_t rank, const xffi::AnyBuffer& out,
+                                 int64_t comm_id, int64_t op_id) {
+  std::string bad = decode(c, run_id, x, group, rank, out, comm_id, op_id, 0, 0, 0);
+  if (!bad.empty()) return bad;
+  c.kind = coll::Kind::kRaggedAllToAll;
+  if (output.element_type() != x.element_type() || output.element_count() != out.element_count())
+    return "ragged_all_to_all's output operand differs from its result buffer";
+  const auto dims = x.dimensions();
+  if (dims.size() == 0 || dims[0] <= 0) return "ragged_all_to_all's operand needs a leading axis of rows";
+  c.row_elems = c.count / static_cast<uint64_t>(dims[0]);
+  for (auto [b, name, v] : {std::tuple{&in_off, "input_offsets", &c.ragged.in_off},
+                            std::tuple{&send, "send_sizes", &c.ragged.send},
+                            std::tuple{&out_off, "output_offsets", &c.ragged.out_off},
+                            std::tuple{&recv, "recv_sizes", &c.ragged.recv}}) {
+    bad = decode_ints(*b, name, v);
+    if (!bad.empty()) return bad;
+  }
   return {};
 }
 

@@ -6,6 +6,7 @@
 // Operands: x (any supported dtype), group (s32 scalar), rank (s32 scalar).
 // Result: the collective's output. Attributes: comm_id, op_id, kind, reduce_op, root (i64).
 #include <chrono>
+#include <cstring>
 #include <condition_variable>
 #include <memory>
 #include <mutex>
@@ -64,15 +65,14 @@ struct Progress {
   bool handed = false;
 };
 
-xffi::Future collective_body(Progress& pr, xffi::RunId run_id, xffi::AnyBuffer x, xffi::Buffer<xffi::S32> group,
-                             xffi::Buffer<xffi::S32> rank, xffi::Result<xffi::AnyBuffer> out, int64_t comm_id,
-                             int64_t op_id, int64_t kind, int64_t reduce_op, int64_t root) {
+// Everything after decoding, for every handler of this platform: `decode` fills pr.call.
+template <typename Decode>
+xffi::Future collective_body(Progress& pr, Decode&& decode_call) {
   pr.rt = coll::Runtime::current();
   if (!pr.rt) return ready_error(invalid("jax_r2ccl.initialize() has not been called in this process"));
   pr.active = pr.rt->enter_call();
   coll::DeviceCall& c = pr.call;
-  std::string bad = decode(c, static_cast<uint64_t>(run_id.run_id), x, group.typed_data()[0], rank.typed_data()[0],
-                           *out, comm_id, op_id, kind, reduce_op, root);
+  std::string bad = decode_call(c);
   if (!bad.empty()) return ready_error(invalid(bad));
   pr.decoded = true;
   log_call(c, "cpu");
@@ -131,24 +131,47 @@ xffi::Future collective_body(Progress& pr, xffi::RunId run_id, xffi::AnyBuffer x
 // Nothing thrown below may reach XLA: an exception becomes the call's error, and a call that
 // was decoded but never handed over is abandoned, so the process's other local ranks fail
 // with it instead of waiting.
-xffi::Future collective(xffi::RunId run_id, xffi::AnyBuffer x, xffi::Buffer<xffi::S32> group,
-                        xffi::Buffer<xffi::S32> rank, xffi::Result<xffi::AnyBuffer> out, int64_t comm_id,
-                        int64_t op_id, int64_t kind, int64_t reduce_op, int64_t root) {
+template <typename Decode>
+xffi::Future guarded(const char* where, Decode&& decode_call) {
   Progress pr;
   return guard(
-      "r2ccl_collective (cpu)",
-      [&] { return collective_body(pr, run_id, x, group, rank, out, comm_id, op_id, kind, reduce_op, root); },
+      where, [&] { return collective_body(pr, decode_call); },
       [&](const Error& e) {
         if (pr.decoded && !pr.handed && pr.rt) pr.rt->abandon(pr.call, e);
         return ready_error(to_ffi_error(e));
       });
 }
 
+xffi::Future collective(xffi::RunId run_id, xffi::AnyBuffer x, xffi::Buffer<xffi::S32> group,
+                        xffi::Buffer<xffi::S32> rank, xffi::Result<xffi::AnyBuffer> out, int64_t comm_id,
+                        int64_t op_id, int64_t kind, int64_t reduce_op, int64_t root) {
+  return guarded("r2ccl_collective (cpu)", [&](coll::DeviceCall& c) {
+    return decode(c, static_cast<uint64_t>(run_id.run_id), x, group.typed_data()[0], rank.typed_data()[0], *out,
+                  comm_id, op_id, kind, reduce_op, root);
+  });
+}
+
+// jax.lax.ragged_all_to_all: the result is aliased to the output operand (the lowering asks
+// XLA for it), so it starts as the output; only received slices are written.
+xffi::Future ragged(xffi::RunId run_id, xffi::AnyBuffer x, xffi::AnyBuffer output, xffi::AnyBuffer in_off,
+                    xffi::AnyBuffer send, xffi::AnyBuffer out_off, xffi::AnyBuffer recv, xffi::Buffer<xffi::S32> group,
+                    xffi::Buffer<xffi::S32> rank, xffi::Result<xffi::AnyBuffer> out, int64_t comm_id, int64_t op_id) {
+  return guarded("r2ccl_ragged_all_to_all (cpu)", [&](coll::DeviceCall& c) {
+    std::string bad = decode_ragged(c, static_cast<uint64_t>(run_id.run_id), x, output, in_off, send, out_off, recv,
+                                    group.typed_data()[0], rank.typed_data()[0], *out, comm_id, op_id);
+    if (bad.empty() && output.untyped_data() != out->untyped_data())   // (not aliased after all)
+      std::memcpy(out->untyped_data(), output.untyped_data(), out->size_bytes());
+    return bad;
+  });
+}
+
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(R2cclCollectiveCpu, collective,
                               bind_collective(xffi::Ffi::Bind()));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(R2cclRaggedCpu, ragged, bind_ragged(xffi::Ffi::Bind()));
 
 void* collective_cpu_handler() { return reinterpret_cast<void*>(R2cclCollectiveCpu); }
+void* ragged_cpu_handler() { return reinterpret_cast<void*>(R2cclRaggedCpu); }
 
 }  // namespace r2ccl::ffi

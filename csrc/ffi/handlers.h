@@ -9,6 +9,8 @@ namespace r2ccl::ffi {
 
 // "r2ccl_collective" on the CPU platform: one local rank's part of a collective, asynchronous.
 void* collective_cpu_handler();
+// "r2ccl_ragged_all_to_all" on the CPU platform (jax.lax.ragged_all_to_all under the swap).
+void* ragged_cpu_handler();
 // The same target for platform "CUDA"; null when the CUDA part was not built.
 void* collective_cuda_handler();
 

@@ -678,6 +678,7 @@ NB_MODULE(_core, m) {
   m.def("ffi_targets", [] {
     nb::dict d;
     d["r2ccl_collective"] = nb::capsule(r2ccl::ffi::collective_cpu_handler());
+    d["r2ccl_ragged_all_to_all"] = nb::capsule(r2ccl::ffi::ragged_cpu_handler());
     return d;
   });
   // Empty where the CUDA part was not built (R2CCL_CUDA=off or no toolkit at build time).

@@ -35,6 +35,7 @@ all_gather_invariant_p = getattr(parallel, "all_gather_invariant_p", None)
 reduce_scatter_p = parallel.reduce_scatter_p
 all_to_all_p = parallel.all_to_all_p
 ppermute_p = parallel.ppermute_p
+ragged_all_to_all_p = getattr(parallel, "ragged_all_to_all_p", None)
 
 # jax.lax's typing rules, reused verbatim so that our primitives type exactly like theirs.
 allreduce_abstract_eval = parallel._allreduce_effectful_abstract_eval

@@ -336,11 +336,15 @@ def _lookup(table: np.ndarray, pid):
     return hlo.reshape(_ttype((), np.int32), s)
 
 
+def _group_rank(comm: Comm):
+    """This device's group and rank in `comm`, from partition_id (HLO values)."""
+    pid = hlo.convert(_ttype((), np.int32), hlo.partition_id())
+    return _lookup(comm.group_of, pid), _lookup(comm.rank_of, pid)
+
+
 def _custom_call(ctx, x, in_shape, out_shape, dtype, comm: Comm, kind: str, op: str = "sum"):
     comm_id = comm.register()
-    pid = hlo.convert(_ttype((), np.int32), hlo.partition_id())
-    group = _lookup(comm.group_of, pid)
-    rank = _lookup(comm.rank_of, pid)
+    group, rank = _group_rank(comm)
     scalar = jaxapi.ShapedArray((), np.int32)
     sub = ctx.replace(avals_in=[jaxapi.ShapedArray(tuple(in_shape), dtype), scalar, scalar],
                       avals_out=[jaxapi.ShapedArray(tuple(out_shape), dtype)])
@@ -441,3 +445,23 @@ def lower_permute(ctx, x, *, axis_name, perm, what="ppermute"):
         return [x if dest[0] == 0 else mlir.full_like_aval(ctx, 0, aval)]
     comm = communicator(ctx, axes, what, perm=dest)
     return [_custom_call(ctx, x, s, s, dtype, comm, "permute")]
+
+
+def lower_ragged_all_to_all(ctx, operand, output, input_offsets, send_sizes, output_offsets, recv_sizes, *,
+                            axis_name, what="ragged_all_to_all", index_groups=None):
+    """jax.lax.ragged_all_to_all: its own custom call ("r2ccl_ragged_all_to_all") with the
+    output operand aliased to the result, which so starts as the output; the slices are rows of
+    the operand's leading axis (csrc/coll: kind ragged_all_to_all)."""
+    aval, s, dtype = _check(ctx, what)
+    if not s:
+        raise R2cclError(f"{what}: the operand needs a leading axis (its rows are what moves)")
+    comm = communicator(ctx, as_axes(axis_name), what, index_groups=index_groups)
+    comm_id = comm.register()
+    group, rank = _group_rank(comm)
+    scalar = jaxapi.ShapedArray((), np.int32)
+    sub = ctx.replace(avals_in=list(ctx.avals_in) + [scalar, scalar])
+    import jax
+    rule = jax.ffi.ffi_lowering(runtime.RAGGED_FFI_TARGET, has_side_effect=True, operand_output_aliases={1: 0})
+    out, = rule(sub, operand, output, input_offsets, send_sizes, output_offsets, recv_sizes, group, rank,
+                comm_id=int(comm_id), op_id=int(next_op_id(ctx)))
+    return [out]

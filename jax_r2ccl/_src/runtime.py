@@ -21,6 +21,7 @@ from ..transport.endpoint import Endpoint
 from ..transport.health import HealthMonitor
 
 FFI_TARGET = "r2ccl_collective"
+RAGGED_FFI_TARGET = "r2ccl_ragged_all_to_all"   # jax.lax.ragged_all_to_all (CPU)
 
 
 @dataclasses.dataclass

@@ -172,6 +172,19 @@ def _ppermute_rule(ctx, x, *, axis_name, perm):
     return lowering.lower_permute(ctx, x, axis_name=axis_name, perm=perm, what="jax.lax.ppermute (via jax_r2ccl)")
 
 
+def _ragged_all_to_all_rule(ctx, operand, output, *offsets_and_sizes, axis_name, axis_index_groups):
+    why = _unserved(ctx, lowering.as_axes(axis_name), axis_index_groups)
+    if not why and "cpu" not in ctx.module_context.platforms:
+        why = "a GPU (the staged path does not run ragged_all_to_all yet)"
+    if why:
+        return _fall_back(ctx, "jax.lax.ragged_all_to_all", why, (operand, output, *offsets_and_sizes),
+                          dict(axis_name=axis_name, axis_index_groups=axis_index_groups))
+    return lowering.lower_ragged_all_to_all(ctx, operand, output, *offsets_and_sizes,
+                                            axis_name=lowering.as_axes(axis_name),
+                                            what="jax.lax.ragged_all_to_all (via jax_r2ccl)",
+                                            index_groups=axis_index_groups)
+
+
 def _original(ctx, *args, **params):
     """The rule jax.lax uses for this primitive: the platform's own if it had one before the
     swap, else jax's generic one (contexts r2ccl does not serve: pmap, the fallbacks)."""
@@ -207,6 +220,8 @@ def _rules():
     }
     if jaxapi.all_gather_invariant_p is not None:
         rules[jaxapi.all_gather_invariant_p] = _all_gather_rule
+    if jaxapi.ragged_all_to_all_p is not None:
+        rules[jaxapi.ragged_all_to_all_p] = _ragged_all_to_all_rule
     return {p: _spmd_only(r) for p, r in rules.items()}
 
 
