@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # bench/testbed_collectives.sh - `python -m jax_r2ccl bench allreduce|allgather|reducescatter|
-# alltoall|ppermute` on the netns test bed (2 hosts x 4 NICs at 500mbit), jax_r2ccl beside
-# jax.lax's own collectives (gloo) in the same run; then an all-reduce loop and a ppermute
-# loop (a ring shift of 64 MiB per device, jax.lax.ppermute under the lowering swap) with a
-# NIC failing mid-way.
+# alltoall|ppermute|raggedalltoall` on the netns test bed (2 hosts x 4 NICs at 500mbit), jax_r2ccl
+# beside jax.lax's own collectives (gloo) in the same run; then an all-reduce loop, a ppermute
+# loop (a ring shift of 64 MiB per device, jax.lax.ppermute under the lowering swap) and a
+# ragged all-to-all loop (jax.lax.ragged_all_to_all under the swap) with a NIC failing mid-way.
 # Always tears the bed down.
 #
 #   sudo bench/testbed_collectives.sh                  # everything; results in bench-results/coll-<time>/
@@ -18,8 +18,8 @@ ITERS=${ITERS:-10}
 SIZES=${SIZES:-8B,4KiB,1MiB,16MiB,64MiB}
 PORT=${PORT:-29600}
 PYTHON=${PYTHON:-python3}
-OPS=${OPS:-allreduce allgather reducescatter alltoall ppermute}
-RUNS=${RUNS:-healthy fail ppermute-fail degrade flap}
+OPS=${OPS:-allreduce allgather reducescatter alltoall ppermute raggedalltoall}
+RUNS=${RUNS:-healthy fail ppermute-fail ragged-fail degrade flap}
 DEGRADED_RATE=${DEGRADED_RATE:-50mbit}
 OUT=${OUT:-$ROOT/bench-results/coll-$(date +%Y%m%d-%H%M%S)}
 NICS=nic0,nic1,nic2,nic3
@@ -70,6 +70,10 @@ for r in $RUNS; do
       $NETNS heal 1 2 >/dev/null ;;
     ppermute-fail)   # the same fault in a 64 MiB ppermute loop (swap on), beside jax.lax's own after it
       run ppermute-fail ppermute 300 --sizes 64MiB --iters "$ITERS" --warmup 1 --timeout 120 --baseline jax \
+        --fault-at 0.3 --fault-cmd "$NETNS fail 1 2; sleep 1.5; $NETNS heal 1 2"
+      $NETNS heal 1 2 >/dev/null ;;
+    ragged-fail)   # the same fault in a 64 MiB ragged all-to-all loop (swap on), beside the dense all_to_all
+      run ragged-fail raggedalltoall 300 --sizes 64MiB --iters "$ITERS" --warmup 1 --timeout 120 --baseline jax \
         --fault-at 0.3 --fault-cmd "$NETNS fail 1 2; sleep 1.5; $NETNS heal 1 2"
       $NETNS heal 1 2 >/dev/null ;;
     down)       # host 1's nic2 down from before the start (the job starts degraded) to the end

@@ -574,12 +574,13 @@ def ragged_reference(inputs, initial, slices, spr):
     return outs
 
 
-def host_ragged(ep, rank, world, cases, local=1, fault=None, rate=None, break_=None):
+def host_ragged(ep, rank, world, cases, local=1, fault=None, rate=None, break_=None, commands=None):
     """ragged_all_to_all cases (dtype, input rows, row shape, slices per peer, most rows per slice)
     with `local` ranks per process, each output checked bit for bit against the reference; the
     outputs start from their own values (only the received slices change). break_: {"rank": r,
     "what": ...} spoils rank r's slices ("negative", "past_input", "past_output", "overlap",
-    "expects_more"); then every error is returned instead."""
+    "expects_more"); then every error is returned instead. commands: {"fault_cmd", "heal_cmd",
+    "fault_after_s", "heal_after_s"}: rank 0 runs them (the test bed's NIC faults) from the start."""
     import ml_dtypes  # noqa: F401
     from jax_r2ccl.transport.host_collectives import HostCollectives
     hc = HostCollectives(ep)
@@ -591,7 +592,15 @@ def host_ragged(ep, rank, world, cases, local=1, fault=None, rate=None, break_=N
             if peer != rank:
                 for s in ep.rail_stats(peer):
                     ep.inject(peer, s["rail"], "rate", rate)
-    bad, errors, timer = [], [], None
+    bad, errors, timer, timers = [], [], None, []
+    if commands and rank == 0:
+        barrier(ep, rank, world)
+        timers = [threading.Timer(commands[f"{w}_after_s"], lambda c=commands[f"{w}_cmd"]: subprocess.run(
+            c, shell=True, check=True, timeout=30)) for w in ("fault", "heal")]
+        for t in timers:
+            t.start()
+    elif commands:
+        barrier(ep, rank, world)
     for i, (dtype, in_rows, row, spr, max_rows) in enumerate(cases):
         if fault and i == fault["case"] and rank == 0:
             timer = threading.Timer(fault["after_s"], lambda: ep.inject(1, fault["rail"], fault["fault"]))
@@ -632,8 +641,8 @@ def host_ragged(ep, rank, world, cases, local=1, fault=None, rate=None, break_=N
             if o.dtype != ref[r].dtype or o.shape != ref[r].shape or o.tobytes() != ref[r].tobytes():
                 bad.append({"case": i, "rank": r, "rows_differing": int(np.count_nonzero(
                     (o != ref[r]).reshape(o.shape[0], -1).any(axis=1)))})
-    if timer:
-        timer.join()
+    for t in ([timer] if timer else []) + timers:
+        t.join()
     stats = {p: _stats_summary(ep, p) for p in range(world) if p != rank}
     after = hc.run("all_reduce", [np.full(10, rank + 1, np.int64)], process_of_rank=list(range(world)), my_ranks=[rank])
     barrier(ep, rank, world)

@@ -1,8 +1,11 @@
-"""`python -m jax_r2ccl bench allreduce|allgather|reducescatter|alltoall|ppermute`: collective
-bandwidth through the JAX custom calls (jax_r2ccl.psum and friends inside shard_map under
-jit; ppermute: jax.lax.ppermute under the lowering swap, a ring shift by one rank), one
-process per host, every element of every iteration checked; with `--baseline jax` the same
-sizes through jax.lax's own collectives (gloo on CPU) in the same run, rows side by side.
+"""`python -m jax_r2ccl bench allreduce|allgather|reducescatter|alltoall|ppermute|raggedalltoall`:
+collective bandwidth through the JAX custom calls (jax_r2ccl.psum and friends inside shard_map
+under jit; ppermute: jax.lax.ppermute under the lowering swap, a ring shift by one rank;
+raggedalltoall: jax.lax.ragged_all_to_all under the swap, every rank sending each peer an equal
+slice, which land in sender order: all_to_all's blocks), one process per host, every element
+of every iteration checked; with `--baseline jax` the same sizes through jax.lax's own
+collectives (gloo on CPU) in the same run, rows side by side (raggedalltoall's baseline is
+jax.lax.all_to_all of the same blocks: XLA:CPU has no ragged-all-to-all).
 Table and busbw as in nccl-tests: busbw = algbw × 2(n-1)/n for all-reduce, × (n-1)/n for
 the others but ppermute, whose every rank sends its whole buffer once (× 1)."""
 
@@ -24,6 +27,7 @@ OPS = {
     "reducescatter": ("psum_scatter", lambda n: (n - 1) / n),
     "alltoall": ("all_to_all", lambda n: (n - 1) / n),
     "ppermute": ("ppermute", lambda n: 1.0),
+    "raggedalltoall": ("ragged_all_to_all", lambda n: (n - 1) / n),
 }
 
 
@@ -69,27 +73,43 @@ def _expected(op: str, count: int, n: int, dtype) -> list[np.ndarray]:
         return [total[r * k:(r + 1) * k].astype(dtype) for r in range(n)]
     if op == "ppermute":   # a ring shift: rank j gets rank j-1's buffer
         return [parts[(j - 1) % n] for j in range(n)]
-    k = count // n   # alltoall
+    k = count // n   # alltoall, raggedalltoall
     return [np.concatenate([parts[s][j * k:(j + 1) * k] for s in range(n)]) for j in range(n)]
+
+
+def _ragged_blocks(a, jax, n):
+    """jax.lax.ragged_all_to_all moving all_to_all's blocks: slice j (rows j*k..) to rank j,
+    written at row (my axis index)*k there."""
+    import jax.numpy as jnp
+    k = a.shape[0] // n
+    me = jax.lax.axis_index("x")
+    idx = jnp.arange(n, dtype=jnp.int32)
+    return jax.lax.ragged_all_to_all(a, jnp.zeros_like(a), idx * k, jnp.full((n,), k, jnp.int32),
+                                     jnp.full((n,), me * k, jnp.int32), jnp.full((n,), k, jnp.int32), axis_name="x")
 
 
 def _build(impl: str, op: str, mesh, jax, P):
     import jax_r2ccl
-    if op == "ppermute":
-        n = mesh.devices.size
+    n = mesh.devices.size
+    if op in ("ppermute", "raggedalltoall"):
         ring = [(j, (j + 1) % n) for j in range(n)]
-        f = jax.jit(jax.shard_map(lambda a: jax.lax.ppermute(a, "x", ring), mesh=mesh, in_specs=P("x"),
-                                  out_specs=P("x"), check_vma=False))
+        if op == "ppermute":
+            body = lambda a: jax.lax.ppermute(a, "x", ring)   # noqa: E731
+        elif impl == "r2ccl":
+            body = lambda a: _ragged_blocks(a, jax, n)   # noqa: E731
+        else:   # XLA:CPU has no ragged-all-to-all: the dense all_to_all of the same blocks
+            body = lambda a: jax.lax.all_to_all(a, "x", 0, 0, tiled=True)   # noqa: E731
+        f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("x"), out_specs=P("x"), check_vma=False))
         if impl != "r2ccl":
             return f
         compiled = {}
 
-        def swapped(a):   # jax.lax.ppermute, compiled under the lowering swap
+        def swapped(a):   # jax.lax's collective, compiled under the lowering swap
             if "c" not in compiled:
                 with jax_r2ccl.enabled():
                     lowered = f.lower(a)
-                    if "r2ccl_collective" not in lowered.as_text():
-                        raise RuntimeError("bench ppermute: the lowering swap left jax.lax.ppermute to jax "
+                    if "r2ccl_" not in lowered.as_text():
+                        raise RuntimeError(f"bench {op}: the lowering swap left jax.lax.{OPS[op][0]} to jax "
                                            f"({jax_r2ccl.swap_fallbacks()})")
                     compiled["c"] = lowered.compile()
             return compiled["c"](a)
@@ -136,7 +156,7 @@ def main(args: argparse.Namespace) -> int:
         # nccl-tests' convention: size is the send buffer of reduce-scatter and all-to-all and
         # the receive buffer of all-gather (n times each rank's input).
         count = max(1, size // esize // n) if op == "allgather" else max(1, size // esize)
-        if op in ("reducescatter", "alltoall"):
+        if op in ("reducescatter", "alltoall", "raggedalltoall"):
             count = max(n, count - count % n)
         total = count * esize * (n if op == "allgather" else 1)
         sharding = NamedSharding(mesh, P("x"))
@@ -249,6 +269,8 @@ def main(args: argparse.Namespace) -> int:
               f"iters {args.iters}, warmup {args.warmup}; time = median per call on process 0; cpu/GB = "
               f"CPU seconds (user + system, every thread) per GB of busbw bytes, mean over the processes")
         print(format_table(cols, rows))
+        if op == "raggedalltoall" and args.baseline == "jax":
+            print("# baseline: jax.lax.all_to_all of the same blocks (XLA:CPU has no ragged-all-to-all)")
         if fault:
             print(f"# fault: {fault.summary()}")
         print(f"# stalls declared (rails failed over because their acks stopped), per process: "
