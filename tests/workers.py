@@ -492,10 +492,9 @@ def host_reference(kind, op, inputs_by_rank, process_of_rank, root=0, perm=None)
     return [inputs_by_rank[root]] * n
 
 
-def host_collective(ep, rank, world, cases, local=1, fault=None, rate=None):
-    """Runs each case (kind, dtype, op, count, root) with `local` ranks per process; checks
-    every output bit for bit against the canonical-order reference."""
-    import ml_dtypes  # noqa: F401
+def _host_setup(ep, rank, world, local, rate):
+    """(HostCollectives, process_of_rank, my_ranks) for `local` ranks per process; every rail
+    to every peer throttled to `rate` bytes/s when given."""
     from jax_r2ccl.transport.host_collectives import HostCollectives
     hc = HostCollectives(ep)
     process_of_rank = [p for p in range(world) for _ in range(local)]
@@ -505,6 +504,14 @@ def host_collective(ep, rank, world, cases, local=1, fault=None, rate=None):
             if peer != rank:
                 for s in ep.rail_stats(peer):
                     ep.inject(peer, s["rail"], "rate", rate)
+    return hc, process_of_rank, my_ranks
+
+
+def host_collective(ep, rank, world, cases, local=1, fault=None, rate=None):
+    """Runs each case (kind, dtype, op, count, root) with `local` ranks per process; checks
+    every output bit for bit against the canonical-order reference."""
+    import ml_dtypes  # noqa: F401
+    hc, process_of_rank, my_ranks = _host_setup(ep, rank, world, local, rate)
     bad = []
     timer = None
     for i, (kind, dtype, op, count, root, *perm) in enumerate(cases):
@@ -582,16 +589,8 @@ def host_ragged(ep, rank, world, cases, local=1, fault=None, rate=None, break_=N
     "expects_more"); then every error is returned instead. commands: {"fault_cmd", "heal_cmd",
     "fault_after_s", "heal_after_s"}: rank 0 runs them (the test bed's NIC faults) from the start."""
     import ml_dtypes  # noqa: F401
-    from jax_r2ccl.transport.host_collectives import HostCollectives
-    hc = HostCollectives(ep)
+    hc, process_of_rank, my_ranks = _host_setup(ep, rank, world, local, rate)
     n = world * local
-    process_of_rank = [p for p in range(world) for _ in range(local)]
-    my_ranks = [r for r, p in enumerate(process_of_rank) if p == rank]
-    if rate:
-        for peer in range(world):
-            if peer != rank:
-                for s in ep.rail_stats(peer):
-                    ep.inject(peer, s["rail"], "rate", rate)
     bad, errors, timer, timers = [], [], None, []
     if commands and rank == 0:
         barrier(ep, rank, world)

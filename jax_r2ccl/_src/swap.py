@@ -2,7 +2,8 @@
 
 `install()` registers, for the "cpu" and "cuda" platforms, a lowering of jax.lax's own collective
 primitives (psum_p, psum_invariant_p, pmax_p, pmin_p, all_gather_p, all_gather_invariant_p,
-reduce_scatter_p, all_to_all_p, and on CPU ppermute_p) that emits the "r2ccl_collective" custom call instead of
+reduce_scatter_p, all_to_all_p, and on CPU ppermute_p and ragged_all_to_all_p) that emits the "r2ccl_collective"
+(ragged: "r2ccl_ragged_all_to_all") custom call instead of
 XLA's collective; `uninstall()` puts the previous rules back; `enabled()` does both around a
 block. Platform-specific rules take precedence over jax's generic ones, and the swapped
 primitives are registered cacheable=False so that each collective gets its own op id.
@@ -22,7 +23,7 @@ jax's own lowering (a fallback), counted by (operation, reason) in fallbacks() a
 per pair at R2CCL_DEBUG=INFO. The reasons: axis_index_groups of unequal sizes or that do not
 cover the axis once each; an abstract mesh; an axis that is no mesh axis; a vmap axis together
 with mesh axes (all_gather, psum_scatter, all_to_all, ppermute); a dtype jax_r2ccl does not
-move; ppermute on a GPU (the staged path does not run it yet).
+move; ppermute and ragged_all_to_all on a GPU (the staged path does not run them yet).
 
 What it does not reroute:
   * collectives the SPMD partitioner (Shardy/GSPMD) inserts on its own: jit on sharded
@@ -30,7 +31,8 @@ What it does not reroute:
     dimensions, a shard_map's in/out_specs transfers. They never pass through these
     primitives;
   * pmap outside shard_map's machinery (its collectives keep XLA's lowering), the fallbacks
-    above, pbroadcast, psend/precv, ragged_all_to_all, the *_start/*_done async collectives;
+    above, pbroadcast, psend/precv (jax runs them on GPUs only), the *_start/*_done async
+    collectives;
   * code already lowered: jax.jit caches the lowering and the executable of a function per
     argument signature, so a function traced and compiled before the swap keeps XLA's
     collectives, and one compiled inside keeps r2ccl's afterwards. Trace a function for the
