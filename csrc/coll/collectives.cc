@@ -213,11 +213,12 @@ class Executor::Op {
   bool completes_inline() const { return inline_ok_; }
   bool wants_executor() const { return wants_executor_.load(); }
 
-  // Folds what arrived, posts follow-ups; returns true when finished (done has run).
-  bool step() {
-    if (finished_) return true;
-    if (!signatures_agree()) return true;   // the clearest account of a disagreement comes first
-    if (notice_arrived()) return true;
+  // A message that failed fails the op (true: finished). Looked at before anything is folded
+  // and again before the op may finish: a receive the engine thread fails in between (a peer
+  // closing) is never folded (fold() and the slots wait only for messages that arrived) and
+  // never taken for done. CI's TSan run found a 2-process all-reduce finishing as a success
+  // with a wrong result while the peer closed: its failed receive had been folded.
+  bool failed_message() {
     for (auto& m : msgs_)
       if (m.req && m.req->finished() && m.req->failed()) {
         // A peer that found the two of us in different collectives (or in this one, called
@@ -238,6 +239,17 @@ class Executor::Op {
         Error e(c, m.peer_process, describe() + ": " + m.req->error_message());
         return finish(&e);
       }
+    return false;
+  }
+
+  static bool arrived(const std::shared_ptr<Request>& r) { return r->finished() && !r->failed(); }
+
+  // Folds what arrived, posts follow-ups; returns true when finished (done has run).
+  bool step() {
+    if (finished_) return true;
+    if (!signatures_agree()) return true;   // the clearest account of a disagreement comes first
+    if (notice_arrived()) return true;
+    if (failed_message()) return true;
     if (plan_pending_) post_planned();
     if (ragged_pending_ && post_ragged()) return true;
     if (doubling_) post_doubling_sends();
@@ -251,9 +263,11 @@ class Executor::Op {
     // fold can be complete while a later round's send still waits: found under ASan, where a
     // process finished without sending its last round and its partner waited out its timeout).
     if (doubling_) post_doubling_sends();
-    bool all_done = !plan_pending_ && !ragged_pending_ && std::all_of(pieces_.begin(), pieces_.end(), [](const Piece& p) { return p.done; }) &&
+    if (failed_message()) return true;
+    bool all_done = !plan_pending_ && !ragged_pending_ &&
+                    std::all_of(pieces_.begin(), pieces_.end(), [](const Piece& p) { return p.done; }) &&
                     std::all_of(rounds_.begin(), rounds_.end(), [](const Round& r) { return r.sent; }) &&
-                    std::all_of(msgs_.begin(), msgs_.end(), [](const Msg& m) { return m.req && m.req->finished(); });
+                    std::all_of(msgs_.begin(), msgs_.end(), [](const Msg& m) { return m.req && arrived(m.req); });
     if (all_done) {
       // Once more: a message that arrived (on the engine thread) after the check above was
       // folded without its signature compared. Found by the TSan run, whose timing made a
@@ -375,7 +389,7 @@ class Executor::Op {
     const uint64_t bytes = p.elems * esize_;
     while (p.next < p.src.size()) {
       int mi = p.msg[p.next];
-      if (mi >= 0 && !msgs_[mi].req->finished()) break;
+      if (mi >= 0 && !arrived(msgs_[mi].req)) break;
       if (p.next == 0) {
         // (An empty collective's buffers may be null; a ring piece folds in its receive buffer.)
         if (bytes && p.acc != p.src[0]) std::memcpy(p.acc, p.src[0], bytes);
@@ -1172,7 +1186,7 @@ class Executor::Op {
       bool ready = true;
       for (int j = 1; j < rd.cnt && ready; j++) {
         const int mi = slot_msg_[static_cast<size_t>(j)];
-        ready = mi < 0 || msgs_[static_cast<size_t>(mi)].req->finished();
+        ready = mi < 0 || arrived(msgs_[static_cast<size_t>(mi)].req);
       }
       if (!ready) continue;
       rd.sent = true;
