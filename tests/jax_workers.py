@@ -525,7 +525,8 @@ def ppermute_cases(rank, world, local):
     devs = np.array(sorted(jax.devices(), key=lambda d: (d.process_index, d.id)))
     N = devs.size
     flat = Mesh(devs, ("i",))
-    grid = Mesh(devs.reshape(world, local), ("p", "l"))
+    rows = world if world > 1 else 2     # (one process: two rows of its devices)
+    grid = Mesh(devs.reshape(rows, N // rows), ("p", "l"))
     xs = {dt: global_array(flat, ("i",), [exact_block(p, dt, seed=9) for p in range(N)])
           for dt in ("float32", "bfloat16", "int64", "bool")}
     xg = global_array(grid, ("p", "l"), [exact_block(p, "float32", seed=9) for p in range(N)])
@@ -556,7 +557,7 @@ def ppermute_cases(rank, world, local):
         "int64": (on(flat, "i", lambda v: jax.lax.ppermute(v, "i", back)), xs["int64"]),
         "bool": (on(flat, "i", lambda v: jax.lax.ppermute(v, "i", pairs)), xs["bool"]),
         "pytree": (on(flat, "i", lambda v: sum(jax.lax.ppermute({"a": v, "b": v * 3}, "i", fwd).values())), x),
-        "grid_p": (on(grid, ("p", "l"), lambda v: jax.lax.ppermute(v, "p", [(j, (j + 1) % world) for j in range(world)])),
+        "grid_p": (on(grid, ("p", "l"), lambda v: jax.lax.ppermute(v, "p", [(j, (j + 1) % rows) for j in range(rows)])),
                    xg),
         "grid_pl": (on(grid, ("p", "l"), lambda v: jax.lax.ppermute(v, ("p", "l"), back)), xg),
         "scan": (on(flat, "i", scan_body), x),

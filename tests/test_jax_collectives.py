@@ -193,15 +193,15 @@ def test_axis_index_groups_and_partly_manual_shard_maps_ride_the_rails_and_equal
         _all_on_the_rails_and_equal(r)
 
 
-@pytest.mark.parametrize("local", [2, 1])
-def test_ppermute_under_the_swap_rides_the_rails_and_equals_jax_lax(local):
+@pytest.mark.parametrize("world,local", [(2, 2), (2, 1), (1, 8)], ids=["2proc-x2dev", "2proc-x1dev", "1proc-x8dev"])
+def test_ppermute_under_the_swap_rides_the_rails_and_equals_jax_lax(world, local):
     # Two processes: every program moves blocks between processes over the rails (and, with
-    # two devices each, between a process's own devices by copy).
-    for r in [r["result"] for r in run_jax_ranks("ppermute_cases", 2, local=local, timeout=240)]:
+    # two devices each, between a process's own devices by copy); one with 8 devices: copies.
+    for r in [r["result"] for r in run_jax_ranks("ppermute_cases", world, local=local, timeout=240)]:
         _all_on_the_rails_and_equal(r)
 
 
-@pytest.mark.parametrize("world,local", [(2, 2), (1, 4)], ids=["2proc-x2dev", "1proc-x4dev"])
+@pytest.mark.parametrize("world,local", [(2, 2), (1, 8)], ids=["2proc-x2dev", "1proc-x8dev"])
 def test_ragged_all_to_all_under_the_swap_rides_the_rails_and_keeps_jax_semantics(world, local):
     # XLA:CPU cannot run jax.lax.ragged_all_to_all at all; with the swap it runs on the rails,
     # equal to its documented semantics (computed in numpy) bit for bit, grad included.
