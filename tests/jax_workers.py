@@ -675,6 +675,8 @@ def ragged_cases(rank, world, local):
     def case(mesh, axes, over, dtype, in_rows, row, spr, max_rows, idx, seed, grad=False):
         n = int(np.prod([mesh.shape[a] for a in over]))
         G = N // n
+        if grad:   # a sender's slices side by side in its input
+            max_rows = min(max_rows, in_rows // (n * spr))
         layouts = [ragged_layout(1, n, in_rows, spr, max_rows, seed + g, disjoint_inputs=grad) for g in range(G)]
         out_rows = max(m for _, m in layouts)
         rng = np.random.default_rng(seed)
