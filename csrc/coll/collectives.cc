@@ -724,16 +724,15 @@ class Executor::Op {
       size_t t;
       const void* src;   // a local sender's rows, else null (a receive)
     };
+    std::map<std::pair<int, size_t>, const RaggedMeta*> meta_of;   // (sender rank, local receiver)
+    for (const RaggedMeta& x : ragged_meta_) meta_of[{x.from, x.local}] = &x;
     for (size_t bi = 0; bi < c_.my_ranks.size(); bi++) {
       const int b = c_.my_ranks[bi];
       const RaggedSlices& mine = c_.ragged[bi];
       std::vector<Land> lands;
       for (int a = 0; a < n; a++) {
         const bool local = c_.process_of_rank[static_cast<size_t>(a)] == me_;
-        const RaggedMeta* rm = nullptr;
-        if (!local)
-          for (const RaggedMeta& x : ragged_meta_)
-            if (x.from == a && x.local == bi) rm = &x;
+        const RaggedMeta* rm = local ? nullptr : meta_of.at({a, bi});
         const size_t ai = local ? static_cast<size_t>(local_index(a)) : 0;
         for (size_t t = 0; t < spr_; t++) {
           const size_t k = static_cast<size_t>(b) * spr_ + t, j = static_cast<size_t>(a) * spr_ + t;

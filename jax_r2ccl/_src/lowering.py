@@ -229,7 +229,7 @@ class Comm:
         devs = np.asarray(mesh.devices)
         others = [a for a in names if a not in axes]
         perm = [names.index(a) for a in others] + [names.index(a) for a in axes]
-        self.n = int(np.prod([mesh.shape[a] for a in axes], dtype=np.int64))
+        self.n = axis_size(mesh, axes)
         self.G = devs.size // self.n
         arranged = devs.transpose(perm).reshape(self.G, self.n)
         pos = np.arange(devs.size).reshape(devs.shape).transpose(perm).reshape(self.G, self.n)

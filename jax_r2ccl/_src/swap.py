@@ -69,8 +69,6 @@ def _unserved(ctx, axes, axis_index_groups=None, positional_ok=False):
     if mesh is None:
         return "an abstract mesh"
     names = tuple(mesh.axis_names)
-    if frozenset(axis_ctx.manual_axes) != frozenset(names):   # (not reached: lowering.register)
-        return "a shard_map manual over only some mesh axes"
     named = [a for a in axes if not isinstance(a, int)]
     if len(named) < len(axes) and not positional_ok:
         return "a vmap axis together with mesh axes" if named else "a vmap axis"
