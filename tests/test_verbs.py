@@ -247,26 +247,29 @@ STAGED_CASES = [["all_gather", "float32", "sum", 1 << 20, 0], ["broadcast", "flo
                 ["reduce_scatter", "float32", "sum", 1 << 20, 0]]
 
 
-@pytest.mark.parametrize("register,fault", [(False, None), (True, None), (True, "close")],
-                         ids=["copy", "registered", "registered-rail-fails"])
-def test_the_staged_path_over_verbs_moves_its_registered_pool_with_no_copies_bit_exact(bed, register, fault):
+# The unregistered staged path (every byte copied once on each side) is not run here: the copy
+# path's counter is checked by test_exact_transfers_of_several_sizes_ride_verbs_on_both_rails,
+# and its 48 s in CI bought no other check (bench/testbed_verbs_p2p.sh measures the copy path
+# beside the zero-copy one).
+@pytest.mark.parametrize("fault", [None, "close"], ids=["registered", "registered-rail-fails"])
+def test_the_staged_path_over_verbs_moves_its_registered_pool_with_no_copies_bit_exact(bed, fault):
     # The CUDA platform's chunk pipeline (csrc/stage, memcpy standing in for the GPU's copies):
     # each 4 MiB collective is cut into 1 MiB chunks through the staging pool, three rounds.
     # The pool's slots are registered with the endpoint (as on a GPU, where they are pinned),
     # and so is the collectives' scratch (coll/scratch.h: a peer's partial before it is
     # folded), so every chunk is a one-sided write; what is still copied is the control
-    # frames' few bytes. Unregistered (the baseline) every byte is copied once on each side.
+    # frames' few bytes.
     # registered-rail-fails: rank 0 closes its rail 1 (and keeps it down) 0.3 s into the
     # all_reduce's first round; its chunks in flight go again over rail 0 in frames (a written
     # chunk is never written again: docs/design.md §10), every result is still bit-exact, and
     # rounds 2-3 write everything over rail 0 alone.
     rs = run_ranks_vm("staged_collective", nics=NICS, config=VERBS, timeout=240,
                       args=dict(cases=STAGED_CASES, chunk_bytes=1 << 20, pool_bytes=16 << 20, reserve=3,
-                                register=register, repeat=3,
+                                register=True, repeat=3,
                                 fault=fault and {"case": 3, "after_s": 0.3, "rail": 1, "fault": fault}))
     for g, r in enumerate(results(rs)):
         sent, tx_copied, got, rx_copied = _staged_copies(r)
-        print(f"rank {g} ({'registered' if register else 'copy'}), rounds 2-3: sent {sent} B, copied "
+        print(f"rank {g}, rounds 2-3: sent {sent} B, copied "
               f"{tx_copied / sent:.3f}/B; received {got} B, copied {rx_copied / got:.3f}/B; "
               f"pool {next(iter(r['pools'].values()))}")
     for g, r in enumerate(results(rs)):
@@ -275,10 +278,6 @@ def test_the_staged_path_over_verbs_moves_its_registered_pool_with_no_copies_bit
         sent, tx_copied, got, rx_copied = _staged_copies(r)
         pool = next(iter(r["pools"].values()))
         assert sent >= 2 * 5 * (2 << 20), r["stats"]   # each case moves at least half its 4 MiB each way
-        if not register:
-            assert pool["registered_bytes"] == 0, pool
-            assert tx_copied >= sent and rx_copied >= got, r["stats"]
-            continue
         assert pool["registered_bytes"] > pool["allocated_bytes"] > 0, pool   # every slot, and the small area
         if fault and g == 0:
             assert r["stats"]["1"][1]["failures"] >= 1 and r["stats"]["1"][1]["state"] != "up", r["stats"]
