@@ -224,6 +224,51 @@ def test_net_backends_stay_behind_the_seam_and_the_registry():
     assert not _net_include_problem("net/ibverbs/verbs_link.cc", "net/tcp/stream.h")
 
 
+# Inside coll/ (coll/algorithm.h): one file per algorithm in coll/algo/, seen only through the
+# seam; only coll/algorithm.cc picks one; the state machine every call runs (coll/op.*), the
+# executor and the rest of the folder name no algorithm's messages (Phase), only the op's own.
+COLL_ALGO = "coll/algo/"
+COLL_OP_PHASES = {"kSignature", "kAbort"}
+
+
+def _coll_algorithm_problems(rel: str, text: str) -> list[str]:
+    """What csrc/`rel` (its text `text`) does against the algorithm seam's rules."""
+    import re
+    bad = []
+    if rel.startswith(COLL_ALGO):
+        if not rel.endswith(".cc") or rel.count("/") != 2:
+            bad.append(f"{rel}: coll/algo/ holds one .cc per algorithm, seen only through coll/algorithm.h")
+        for inc in re.findall(r'^\s*#\s*include\s+"(coll/[^"]+)"', text, re.M):
+            if inc.startswith(COLL_ALGO) or inc in ("coll/runtime.h", "coll/scratch.h"):
+                bad.append(f"{rel}: includes {inc} (an algorithm sees the op and the pure helpers only)")
+        return bad
+    if rel.startswith("coll/") and rel != "coll/algorithm.h":
+        for phase in sorted(set(re.findall(r"Phase::(k[A-Za-z]+)", text)) - COLL_OP_PHASES):
+            bad.append(f"{rel}: names Phase::{phase}, an algorithm's message")
+    if rel not in ("coll/algorithm.cc", "coll/algorithm.h"):   # (make_algorithm is the way in)
+        for call in sorted(set(re.findall(r"\b([a-z]+_algorithm)\(", text)) - {"make_algorithm"}):
+            bad.append(f"{rel}: calls {call}(): only coll/algorithm.cc picks an algorithm")
+    return bad
+
+
+def test_collective_algorithms_stay_behind_their_seam():
+    bad = []
+    for root, _, files in os.walk(CSRC):
+        for name in files:
+            path = os.path.join(root, name)
+            with open(path, errors="replace") as f:
+                bad += _coll_algorithm_problems(os.path.relpath(path, CSRC), f.read())
+    assert not bad, "the algorithm seam crossed:\n" + "\n".join(bad)
+    assert os.path.isdir(os.path.join(CSRC, "coll", "algo")) and len(os.listdir(os.path.join(CSRC, "coll", "algo"))) >= 5
+    # The rules can fail: the op posting a chain message, a header in algo/, the executor
+    # choosing an algorithm, an algorithm including another.
+    assert _coll_algorithm_problems("coll/op.cc", "op.tag(Phase::kChainReduce)")
+    assert _coll_algorithm_problems("coll/algo/chain.h", "")
+    assert _coll_algorithm_problems("coll/executor.cc", "auto a = chain_algorithm(kind);")
+    assert _coll_algorithm_problems("coll/algo/two.cc", '#include "coll/algo/chain.cc"')
+    assert not _coll_algorithm_problems("coll/op.cc", "tag(Phase::kAbort)")
+
+
 def test_the_tiers_and_the_skip_rules(tmp_path):
     """tests/conftest.py: the quick tier leaves `proof` (and `testbed`) tests out; a quick-tier
     test that skips for want of root fails; --require-all fails every skip but a gpu or variant

@@ -107,6 +107,8 @@ struct CollectiveOptions {
   int max_peers = Config{}.max_peers;    // R2CCL_MAX_PEERS (the executor takes the endpoint's)
 };
 
+class Op;   // coll/op.h: one call's state machine
+
 // Threads: one executor thread runs every call's steps; submit, run, set_capacity_source,
 // last_plan, ran, drain and close are safe from any thread but the endpoint's engine thread
 // (run, drain and close wait). A call's `done` runs exactly once: on the executor thread, on
@@ -144,7 +146,6 @@ class Executor : public std::enable_shared_from_this<Executor> {
   // nothing submitted is ever left without its `done`. Waits for the executor thread.
   void close();
 
-  class Op;
   // Whether a collective with this tag was submitted here lately (the last kRanKept): a
   // peer's announcement of one is late news, not another program. Any thread.
   bool ran(uint64_t tag);
