@@ -57,6 +57,19 @@ def test_rail_fault_in_the_middle_of_an_all_reduce_is_bit_exact(fault):
     assert rs[0]["result"]["stats"]["1"][2]["failures"] >= 1
 
 
+@pytest.mark.parametrize("peer", [1, 2], ids=["inside-the-group", "across-groups"])
+def test_rail_fault_in_the_middle_of_a_two_level_all_reduce_is_bit_exact(peer):
+    # 4 processes, R2CCL_MAX_PEERS=2: two groups of two (auto: two_level). Rank 0's rail to its
+    # group's other member, or to its column's owner in the other group (the running fold and
+    # the result cross there), closed 80 ms into a 64 MiB all-reduce.
+    cases = [("all_reduce", "float32", "sum", 16 << 20, 0)] * 2
+    rs = run_ranks("host_collective", 4, timeout=120, config={"max_peers": 2}, args={
+        "cases": cases, "rate": 40e6, "fault": {"case": 0, "after_s": 0.08, "rail": 1, "fault": "close", "peer": peer}})
+    for r in rs:
+        assert r["result"]["bad"] == [], r["result"]["bad"]
+    assert rs[0]["result"]["stats"][str(peer)][1]["failures"] >= 1
+
+
 @pytest.mark.parametrize("world,local", [(2, 2), (3, 1)])
 def test_a_large_permute_through_a_rail_fault_is_bit_exact(world, local):
     # jax.lax.ppermute's collective: 32 MiB per rank around the ring, a rail closed 80 ms in.

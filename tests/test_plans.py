@@ -61,6 +61,47 @@ def test_every_algorithm_and_plan_gives_the_same_bits(world, local, caps):
         assert len(digests) == 1, (case, digests)        # every algorithm and plan: the same bytes
 
 
+TWO_LEVEL_CASES = [("all_reduce", "float32", "sum", 1_000_003), ("all_reduce", "bfloat16", "sum", 300_001),
+                   ("all_reduce", "float64", "prod", 3001), ("all_reduce", "int32", "max", 0)]
+
+
+@pytest.mark.parametrize("world,local,max_peers,caps",
+                         [(4, 1, 2, [4, 4, 4, 2]), (6, 1, 2, [4, 2, 4, 4, 4, 1]), (6, 1, 3, [4, 4, 1, 4, 3, 4]),
+                          (3, 2, 1, [4, 1, 3])],
+                         ids=["2x2", "3x2", "2x3", "3x1,local=2"])
+def test_two_level_gives_the_canonical_bits_in_every_group_shape(world, local, max_peers, caps):
+    """two_level (groups of two_level_group(P, R2CCL_MAX_PEERS) processes; the running fold
+    from group to group): two groups, three groups (one in the middle, which passes the fold
+    and the result on), groups of one (a chain of owners), every plan inside the groups (the
+    capacities differ per group, so do the groups' shares and the owners of a range across
+    groups), large (pieced) and small, an empty vector: every output the canonical-order
+    reference byte for byte on every process, and what auto runs past R2CCL_MAX_PEERS."""
+    from jax_r2ccl import _core
+    res = run_ranks("algos_bit_exact", world, nics=LOOPBACK4[:2], timeout=240, config={"max_peers": max_peers},
+                    args={"capacities": caps, "cases": TWO_LEVEL_CASES, "local": local,
+                          "algos": ["two_level", "direct", "auto"]})
+    rows = [r["result"] for r in res]
+    for per_process in rows:
+        assert all(x["exact"] for x in per_process), [x for x in per_process if not x["exact"]]
+    for case in {tuple(x["case"]) for x in rows[0]}:
+        digests = {x["digest"] for x in rows[0] if tuple(x["case"]) == case}
+        assert len(digests) == 1, (case, digests)        # two_level, direct and auto: the same bytes
+    m = max(d for d in range(1, max_peers + 1) if world % d == 0)
+    big = [(rank, x) for rank, per in enumerate(rows) for x in per if x["case"][3] == 1_000_003]
+    for rank, x in big:
+        if x["algo"] == "two_level":
+            assert x["ran"][0] == "two_level", x
+            group = rank // m
+            assert x["processes"] == list(range(group * m, group * m + m)), x   # its own group's plan
+            if x["plan"] == "optimal" and m > 1:
+                mine = caps[group * m:group * m + m]
+                assert (len(set(mine)) == 1) == (len(set(x["shares"])) == 1), x   # unequal hosts: unequal shares
+        if x["algo"] == "auto":   # past R2CCL_MAX_PEERS: two_level where groups of 2+ exist, else the ring
+            assert x["ran"][0] == ("two_level" if m > 1 else "ring"), x
+    assert _core.algo_predict("auto", "auto", [1.0] * world, 4e6, 1e9, max_peers=max_peers)["algo"] == \
+        ("two_level" if m > 1 else "ring")
+
+
 def test_mismatched_plans_are_a_clear_error_on_every_process():
     res = run_ranks("host_mismatch", 2, nics=LOOPBACK4[:2], timeout=60, args={"what": "plan"})
     for r in res:

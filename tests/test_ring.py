@@ -40,6 +40,23 @@ def test_the_ring_connects_each_process_to_its_two_neighbours_only(world, config
         assert seen["all_to_all"]["rails_up"] == (world - 1) * rails, (rank, seen)
 
 
+def test_two_level_connects_each_process_to_its_group_and_its_column_neighbours_only():
+    """Past R2CCL_MAX_PEERS a large all-reduce runs two_level (6 processes, R2CCL_MAX_PEERS=2:
+    three groups of two): each process dials its group and the same column in the groups
+    before and after it at start-up, and the all-reduces open nothing else."""
+    from jax_r2ccl import _core
+    world, m = 6, 2
+    res = run_ranks("two_level_connections", world, nics=LOOPBACK4[:2], config={"max_peers": m}, timeout=120)
+    for rank, r in enumerate(res):
+        out = r["result"]
+        assert out["bad"] == [] and out["algos"] == ["two_level"] * 3, out
+        group = rank // m
+        peers = sorted((set(range(group * m, group * m + m)) | {(rank + m) % world, (rank - m) % world}) - {rank})
+        assert out["seen"]["start"] == peers and out["seen"]["after"] == peers, (rank, out["seen"])
+        assert len(peers) == _core.algo_predict("auto", "auto", [1.0] * world, 4e6, 1e9, max_peers=m)["peers"]
+        assert peers == sorted(_core.startup_peers("auto", rank, world, m))
+
+
 def test_direct_within_max_peers_connects_to_every_process_at_start():
     world = 3
     res = run_ranks("ring_connections", world, nics=LOOPBACK4[:2], timeout=120)
@@ -73,6 +90,22 @@ def test_processes_that_disagree_about_the_algorithm_get_a_clear_error():
         assert out["seconds"] < 4.0, (rank, out)
         assert out["after"] == [10] * 10
 
+
+
+def test_a_mismatch_under_two_level_is_a_clear_error_on_every_process_at_once():
+    """Six processes in three groups of two (R2CCL_ALGO=two_level, R2CCL_MAX_PEERS=2): process 1
+    calls an int32 all-reduce, the others float32; its group and its column's neighbours see
+    its signature, the others hear of it through them."""
+    world = 6
+    res = run_ranks("host_mismatch", world, nics=LOOPBACK4[:2], config={"algo": "two_level", "max_peers": 2},
+                    timeout=90, args={"what": "dtype"})
+    for rank, r in enumerate(res):
+        out = r["result"]
+        assert out["cause"] == "mismatch", (rank, out)
+        assert "int32" in out["error"] and "float32" in out["error"], (rank, out)
+        assert out["seconds"] < 2.5, (rank, out)        # the call's timeout is 5 s
+        assert out["after"] == [21] * 10, (rank, out)   # the next collective works
+    assert "told by process" in res[2]["result"]["error"], res[2]["result"]   # not a neighbour of process 1
 
 
 def test_back_to_back_large_all_reduces_under_every_algorithm():

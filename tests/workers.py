@@ -517,7 +517,7 @@ def host_collective(ep, rank, world, cases, local=1, fault=None, rate=None):
     for i, (kind, dtype, op, count, root, *perm) in enumerate(cases):
         perm = perm[0] if perm else None
         if fault and i == fault["case"] and rank == 0:
-            timer = threading.Timer(fault["after_s"], lambda: ep.inject(1, fault["rail"], fault["fault"]))
+            timer = threading.Timer(fault["after_s"], lambda: ep.inject(fault.get("peer", 1), fault["rail"], fault["fault"]))
             timer.start()
         ins = {r: _rank_input(kind, dtype, count, r, seed=i) for r in range(len(process_of_rank))}
         outs = hc.run(kind, [ins[r] for r in my_ranks], process_of_rank=process_of_rank, my_ranks=my_ranks,
@@ -602,7 +602,7 @@ def host_ragged(ep, rank, world, cases, local=1, fault=None, rate=None, break_=N
         barrier(ep, rank, world)
     for i, (dtype, in_rows, row, spr, max_rows) in enumerate(cases):
         if fault and i == fault["case"] and rank == 0:
-            timer = threading.Timer(fault["after_s"], lambda: ep.inject(1, fault["rail"], fault["fault"]))
+            timer = threading.Timer(fault["after_s"], lambda: ep.inject(fault.get("peer", 1), fault["rail"], fault["fault"]))
             timer.start()
         slices, out_rows = ragged_layout(world, local, in_rows, spr, max_rows, seed=100 + i)
         row = tuple(row)
@@ -708,8 +708,12 @@ def host_mismatch(ep, rank, world, what):
     except R2cclError as e:
         out.update(error=str(e), cause=e.cause)
     out["seconds"] = time.monotonic() - t0
-    res = hc.run("all_reduce", [np.full(10, rank + 1, np.int64)], process_of_rank=list(range(world)), my_ranks=[rank])
-    out["after"] = res[0].tolist()
+    try:   # (a setting the processes disagree on fails this one too: its cause instead)
+        res = hc.run("all_reduce", [np.full(10, rank + 1, np.int64)], process_of_rank=list(range(world)),
+                     my_ranks=[rank], timeout=5.0)
+        out["after"] = res[0].tolist()
+    except R2cclError as e:
+        out["after"] = e.cause
     return out
 
 
@@ -860,7 +864,7 @@ def metrics_scrape(ep, rank, world, nbytes=16 << 20):
     return out
 
 
-def algos_bit_exact(ep, rank, world, capacities, cases, local=1):
+def algos_bit_exact(ep, rank, world, capacities, cases, local=1, algos=("direct", "ring", "doubling", "auto")):
     """Every algorithm x plan x kind on the same inputs (this process's capacity is
     capacities[rank], so the plans differ): each output checked bit for bit against the
     canonical-order reference; the algorithm each all-reduce ran, and a digest of every output."""
@@ -878,13 +882,15 @@ def algos_bit_exact(ep, rank, world, capacities, cases, local=1):
         for root in ([0, n - 1] if kind == "broadcast" else [0]):
             ref = host_reference(kind, op, [ins[r] for r in range(n)], process_of_rank, root)
             plans = ("balance", "optimal", "auto") if kind == "all_reduce" else ("",)
-            for algo in ("direct", "ring", "doubling", "auto"):
+            for algo in algos:
                 for plan in plans:
                     outs = hc.run(kind, [ins[r] for r in my_ranks], process_of_rank=process_of_rank,
                                   my_ranks=my_ranks, op=op, plan=plan, algo=algo, root=root)
                     lp = hc.last_plan()
                     out.append({"case": [kind, dtype, op, count, root], "algo": algo, "plan": plan,
                                 "ran": [lp["algo"], lp["plan"]] if kind == "all_reduce" else None,
+                                "shares": list(lp["shares"]) if kind == "all_reduce" else None,
+                                "processes": list(lp["processes"]) if kind == "all_reduce" else None,
                                 "exact": all(o.tobytes() == ref[r].tobytes() for r, o in zip(my_ranks, outs)),
                                 "digest": hashlib.sha256(b"".join(o.tobytes() for o in outs)).hexdigest()})
     barrier(ep, rank, world)
@@ -946,6 +952,24 @@ def ring_connections(ep, rank, world, count=300_007):
     hc.close()
     barrier(ep, rank, world)
     return {"seen": seen, "bad": bad, "algos": algos, "rails_per_peer": len(ep.rail_stats((rank + 1) % world))}
+
+
+def two_level_connections(ep, rank, world, count=1_000_003, rounds=3):
+    """The peers this process opened at start-up and after large all-reduces under auto past
+    R2CCL_MAX_PEERS (two_level), each checked bit for bit."""
+    from jax_r2ccl.transport.host_collectives import HostCollectives
+    seen = {"start": ep.opened_peers()}
+    hc = HostCollectives(ep)
+    pr = list(range(world))
+    bad, algos = [], []
+    for i in range(rounds):
+        ins = [_rank_input("all_reduce", "float32", count, r, seed=i) for r in pr]
+        out = hc.run("all_reduce", [ins[rank]], process_of_rank=pr, my_ranks=[rank])
+        bad += [i] if out[0].tobytes() != host_reference("all_reduce", "sum", ins, pr)[rank].tobytes() else []
+        algos.append(hc.last_plan()["algo"])
+    seen["after"] = ep.opened_peers()
+    hc.close()
+    return {"seen": seen, "bad": bad, "algos": algos}
 
 
 def plans_bit_exact(ep, rank, world, capacities, cases, local=1):
@@ -1119,7 +1143,7 @@ def staged_collective(ep, rank, world, cases, local=1, chunk_bytes=4096, pool_by
         for rep in range(repeat):
             for i, (kind, dtype, op, count, root) in enumerate(cases):
                 if fault and i == fault["case"] and rank == 0 and rep == 0:
-                    timer = threading.Timer(fault["after_s"], lambda: ep.inject(1, fault["rail"], fault["fault"]))
+                    timer = threading.Timer(fault["after_s"], lambda: ep.inject(fault.get("peer", 1), fault["rail"], fault["fault"]))
                     timer.start()
                 ins = {r: _rank_input(kind, dtype, count, r, seed=i) for r in range(len(process_of_rank))}
                 n = len(process_of_rank)

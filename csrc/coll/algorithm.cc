@@ -15,8 +15,9 @@ std::unique_ptr<Algorithm> make_algorithm(Kind kind, AlgoKind algo, int processe
     default: break;
   }
   if (processes > 1 && algo == AlgoKind::kRing) return chain_algorithm(kind);
-  // (doubling asked for another kind: choose_algo gives the ring instead, plan.h)
+  // (doubling or two_level asked for another kind: choose_algo gives the ring instead, plan.h)
   if (processes > 1 && algo == AlgoKind::kDoubling) return doubling_algorithm(kind);
+  if (processes > 1 && algo == AlgoKind::kTwoLevel) return two_level_algorithm(kind);
   return direct_algorithm(kind);
 }
 

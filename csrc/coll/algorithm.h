@@ -4,6 +4,7 @@
 //   algo/direct.cc    every process exchanges with every other; the all-reduce's owners by plan
 //   algo/chain.cc     the ring in canonical order (R2CCL_ALGO=ring): two peers per process
 //   algo/doubling.cc  recursive doubling, the small all-reduce past R2CCL_MAX_PEERS
+//   algo/two_level.cc groups of contiguous processes: owners inside, a chain of owners across
 //   algo/exchange.cc  all-to-all and permute: fixed blocks between fixed pairs
 //   algo/ragged.cc    ragged_all_to_all: per-call sizes, learnt from the senders first
 // An algorithm knows nothing of the executor, of signatures or of how a failure spreads.
@@ -40,7 +41,12 @@ enum class Phase : uint64_t {
   kChainBroadcast = 15,       // chain broadcast
   kDoubling = 16,             // doubling: one round's slots
   kRaggedMeta = 17,           // ragged: a (sender, receiver) pair's offsets and sizes
-  kAbort = 20,                // Op: a failure passed on to the neighbours (chain, doubling)
+  kTwoContrib = 18,           // two_level: a contribution to its owner inside the group
+  kTwoFold = 19,              // two_level: the running fold to the next group's owner
+  kAbort = 20,                // Op: a failure passed on to the neighbours (chain, doubling, two_level)
+  kTwoResult = 21,            // two_level: the result on to the next group's owner
+  kTwoShare = 22,             // two_level: the result from its owner inside the group
+  kTwoPlan = 23,              // two_level: a group's shares, to the neighbouring groups
 };
 
 class Algorithm {
@@ -71,6 +77,7 @@ std::unique_ptr<Algorithm> make_algorithm(Kind kind, AlgoKind algo, int processe
 std::unique_ptr<Algorithm> direct_algorithm(Kind kind);
 std::unique_ptr<Algorithm> chain_algorithm(Kind kind);
 std::unique_ptr<Algorithm> doubling_algorithm(Kind kind);
+std::unique_ptr<Algorithm> two_level_algorithm(Kind kind);
 std::unique_ptr<Algorithm> exchange_algorithm(Kind kind);
 std::unique_ptr<Algorithm> ragged_algorithm(Kind kind);
 

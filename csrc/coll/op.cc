@@ -72,6 +72,7 @@ Op::Op(Executor* ex, Endpoint& ep, ProcessCall c, int my_process, const Collecti
               ? AlgoKind::kDirect
               : choose_algo(want, static_cast<int>(procs_.size()), opt_.max_peers, c_.kind == Kind::kAllReduce,
                             static_cast<double>(c_.count * esize_));
+  if (algo_ == AlgoKind::kTwoLevel) group_ = two_level_group(static_cast<int>(procs_.size()), opt_.max_peers);
 }
 
 bool Op::start() {
@@ -366,6 +367,9 @@ Sig Op::signature() const {
   if (c_.kind == Kind::kRaggedAllToAll)   // (its output size, rows and slices per peer, in the group hash)
     return make_signature(c_.kind, c_.dtype, c_.op, plan_kind_, algo_, c_.count, c_.root, c_.process_of_rank, c_.tag,
                           {}, {c_.out_count, c_.row_elems, c_.ragged.front().send.size()});
+  if (algo_ == AlgoKind::kTwoLevel)   // (its groups' size, R2CCL_MAX_PEERS's doing: in the group hash)
+    return make_signature(c_.kind, c_.dtype, c_.op, plan_kind_, algo_, c_.count, c_.root, c_.process_of_rank, c_.tag,
+                          {}, {static_cast<uint64_t>(group_)});
   return make_signature(c_.kind, c_.dtype, c_.op, plan_kind_, algo_, c_.count, c_.root, c_.process_of_rank, c_.tag,
                         c_.perm);
 }
@@ -423,14 +427,14 @@ void Op::read_capacity() {
   if (!std::isfinite(my_capacity_) || my_capacity_ < 0) my_capacity_ = 0;
 }
 
-void Op::record_plan(PlanKind kind, std::vector<double> shares, std::vector<double> caps) {
+void Op::record_plan(PlanKind kind, std::vector<double> shares, std::vector<double> caps, std::vector<int> processes) {
   std::lock_guard<std::mutex> g(ex_->plan_mu_);
   PlanRecord& r = ex_->last_plan_;
   r.kind = kind;
   r.algo = algo_;
   r.shares = std::move(shares);
   r.capacities = std::move(caps);   // empty: not exchanged (two processes: nothing to plan)
-  r.processes = procs_;
+  r.processes = processes.empty() ? procs_ : std::move(processes);
   r.bytes = c_.count * esize_;
   r.serial++;
 }
@@ -508,7 +512,10 @@ Error Op::disagreement(int peer, const Sig& other) const {
                    (other[3] != my_sig_[3]
                         ? (c_.kind == Kind::kPermute           ? " over a different group or permutation"
                            : c_.kind == Kind::kRaggedAllToAll ? " over a different group, output size or number of slices"
-                                                              : " over a different group")
+                           : algo_ == AlgoKind::kTwoLevel
+                               ? " over a different group, or in two_level groups of another size (R2CCL_MAX_PEERS: "
+                                 "this process's groups are of " + std::to_string(group_) + ")"
+                               : " over a different group")
                         : "") +
                    (c_.what.empty() ? "" : " [" + c_.what + "]"));
 }

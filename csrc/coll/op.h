@@ -80,6 +80,7 @@ class Op {
   uint64_t piece_elems() const;                              // the pipelining unit, in elements
   uint64_t small_bytes() const { return opt_.small_bytes; }   // at or below: the one-step all-reduce
   PlanKind plan_kind() const { return plan_kind_; }          // the call's plan (kAuto: by the model)
+  int group_size() const { return group_; }                  // two_level's groups (plan.h: two_level_group)
   std::string describe() const;                              // for errors: the kind, what, size, process
   // The process `d` places after this one in canonical order (wrapping), as an index of procs().
   int ring_index(int d) const;
@@ -98,7 +99,12 @@ class Op {
   uint8_t* at(const void* base, uint64_t elems) const {
     return static_cast<uint8_t*>(const_cast<void*>(base)) + elems * esize_;
   }
-  void add_piece(Piece p) { pieces_.push_back(std::move(p)); }
+  // Returns the piece's index (piece_done).
+  int add_piece(Piece p) {
+    pieces_.push_back(std::move(p));
+    return static_cast<int>(pieces_.size()) - 1;
+  }
+  bool piece_done(int i) const { return pieces_[static_cast<size_t>(i)].done; }
   // Copies (or zeroes, src null) that run once every message arrived and every piece folded,
   // in the order added.
   void add_final_copy(void* dst, const void* src, uint64_t bytes) { final_copies_.push_back({dst, src, bytes}); }
@@ -133,7 +139,10 @@ class Op {
   void listen();
   // The small all-reduce completes on the engine thread when its messages all arrived.
   void complete_inline() { inline_ok_ = true; }
-  void record_plan(PlanKind kind, std::vector<double> shares, std::vector<double> caps);
+  // The plan this call ran (Executor::last_plan): shares and capacities per process of
+  // `processes` (empty: the whole group; two_level records its own group).
+  void record_plan(PlanKind kind, std::vector<double> shares, std::vector<double> caps,
+                   std::vector<int> processes = {});
   // Fails the op (e non-null) or finishes it; returns true.
   bool finish(const Error* e);
   bool fail(Cause cause, int peer_process, const std::string& why);
@@ -186,6 +195,7 @@ class Op {
   PlanKind plan_kind_ = PlanKind::kAuto;
   AlgoKind algo_ = AlgoKind::kDirect;   // resolved (never kAuto); in the signature
   std::unique_ptr<Algorithm> algorithm_;
+  int group_ = 1;                       // two_level: processes per group (in the signature)
   double my_capacity_ = 1.0;
   std::function<void()> wake_;
   std::mutex step_mu_;       // step() runs on the executor, or inline on the engine thread

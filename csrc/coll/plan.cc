@@ -55,11 +55,27 @@ AlgoKind choose_algo(AlgoKind want, int processes, int max_peers, bool all_reduc
   if (want == AlgoKind::kAuto) {
     if (processes - 1 <= max_peers) return AlgoKind::kDirect;
     const bool small = bytes <= static_cast<double>(kSmallAllReduceBytes);
-    return all_reduce && small && bytes * processes <= static_cast<double>(kDoublingMaxBytes) ? AlgoKind::kDoubling
-                                                                                               : AlgoKind::kRing;
+    if (all_reduce && small && bytes * processes <= static_cast<double>(kDoublingMaxBytes)) return AlgoKind::kDoubling;
+    return all_reduce && two_level_group(processes, max_peers) >= 2 ? AlgoKind::kTwoLevel : AlgoKind::kRing;
   }
-  if (want == AlgoKind::kDoubling && !all_reduce) return AlgoKind::kRing;
+  if ((want == AlgoKind::kDoubling || want == AlgoKind::kTwoLevel) && !all_reduce) return AlgoKind::kRing;
   return want;
+}
+
+int two_level_group(int processes, int max_peers) {
+  for (int m = std::min(std::max(1, max_peers), processes); m > 1; m--)
+    if (processes % m == 0) return m;
+  return 1;
+}
+
+double two_level_load(int m, int g, int k) {
+  if (g < 2) return m - 2.0;
+  // Out: the running fold to group k+1 (all but the last group), the result on around the
+  // groups (g-1 -> 0 -> 1 -> ... -> g-2: all but group g-2). In: the fold from group k-1 (all
+  // but the first), the result (all but the last).
+  const int out = (k < g - 1 ? 1 : 0) + (k != g - 2 ? 1 : 0);
+  const int in = (k > 0 ? 1 : 0) + (k != g - 1 ? 1 : 0);
+  return m - 2.0 + std::max(out, in);
 }
 
 std::vector<int> doubling_partners(int me, int P) {
@@ -71,18 +87,24 @@ std::vector<int> doubling_partners(int me, int P) {
   return out;
 }
 
-int algo_peers(AlgoKind k, int processes) {
+int algo_peers(AlgoKind k, int processes, int max_peers) {
   if (processes < 2) return 0;
   if (k == AlgoKind::kRing) return processes == 2 ? 1 : 2;
   if (k == AlgoKind::kDoubling) return static_cast<int>(doubling_partners(0, processes).size());
+  if (k == AlgoKind::kTwoLevel) {
+    const int m = two_level_group(processes, max_peers), g = processes / m;
+    return m - 1 + (g > 2 ? 2 : g - 1);   // its group, and its column's neighbours in the next and previous groups
+  }
   return processes - 1;
 }
 
-double algo_buffer_bytes(AlgoKind k, int P, double bytes, double max_share) {
+double algo_buffer_bytes(AlgoKind k, int P, double bytes, double max_share, int max_peers) {
   if (P < 2) return 0;
   switch (k) {
     case AlgoKind::kRing: return bytes;                                  // a partial per piece
     case AlgoKind::kDoubling: return static_cast<double>(P) * bytes;     // every local sum
+    case AlgoKind::kTwoLevel:                                            // contributions, the fold in and out
+      return (static_cast<double>(two_level_group(P, max_peers)) + 1) * max_share * bytes;
     default: return (static_cast<double>(P) - 1) * max_share * bytes;     // the contributions to its segment
   }
 }
@@ -100,14 +122,19 @@ double predict_doubling_seconds(const std::vector<double>& c_in, double bytes, d
 std::vector<int> startup_peers(AlgoKind want, int me, int world, int max_peers) {
   std::vector<int> out;
   if (world < 2) return out;
-  if (choose_algo(want, world, max_peers) == AlgoKind::kRing) {
+  const AlgoKind k = choose_algo(want, world, max_peers);
+  if (k == AlgoKind::kRing) {
     out = {(me + world - 1) % world, (me + 1) % world};
-    std::sort(out.begin(), out.end());
-    out.erase(std::unique(out.begin(), out.end()), out.end());
-    return out;
+  } else if (k == AlgoKind::kTwoLevel) {
+    const int m = two_level_group(world, max_peers), g = world / m, group = me / m;
+    for (int p = group * m; p < group * m + m; p++) out.push_back(p);
+    if (g > 1) out.push_back((me + m) % world), out.push_back((me - m + world) % world);
+  } else {
+    for (int p = 0; p < world; p++) out.push_back(p);
   }
-  for (int p = 0; p < world; p++)
-    if (p != me) out.push_back(p);
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  out.erase(std::remove(out.begin(), out.end(), me), out.end());
   return out;
 }
 
@@ -130,7 +157,7 @@ double predict_ring_seconds(const std::vector<double>& c_in, double bytes, doubl
   return worst + (static_cast<double>(P) - 1) * hop;
 }
 
-std::vector<double> plan_shares(PlanKind k, const std::vector<double>& c_in) {
+std::vector<double> plan_shares(PlanKind k, const std::vector<double>& c_in, double load) {
   const size_t P = c_in.size();
   std::vector<double> s(P, P ? 1.0 / static_cast<double>(P) : 0.0);
   if (P < 2) return s;
@@ -165,14 +192,15 @@ std::vector<double> plan_shares(PlanKind k, const std::vector<double>& c_in) {
       break;
     }
     case PlanKind::kOptimal: {
-      if (P == 2) break;   // with two processes each moves D whatever it owns
-      // Minimise max_i (1 + (P-2) s_i) / c_i with sum s = 1, s >= 0: every process with a
-      // share finishes at the same time T, s_i = (T c_i - 1) / (P-2); the slowest may own
-      // nothing. Solved exactly by trying the k fastest as owners.
+      // Minimise max_i (1 + L s_i) / c_i with sum s = 1, s >= 0 (L = `load`, the direct
+      // exchange's P-2): every process with a share finishes at the same time T,
+      // s_i = (T c_i - 1) / L; the slowest may own nothing. Solved exactly by trying the k
+      // fastest as owners. (L = 0, two processes: each moves D whatever it owns.)
+      const double p2 = load < 0 ? static_cast<double>(P) - 2 : load;
+      if (!(p2 > 0)) break;
       std::vector<size_t> order(P);
       std::iota(order.begin(), order.end(), 0);
       std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return c[a] > c[b]; });
-      const double p2 = static_cast<double>(P) - 2;
       double T = 0, csum = 0;
       for (size_t k2 = 1; k2 <= P; k2++) {
         csum += c[order[k2 - 1]];
@@ -198,30 +226,32 @@ std::vector<double> plan_shares(PlanKind k, const std::vector<double>& c_in) {
 }
 
 double predict_seconds(const std::vector<double>& shares, const std::vector<double>& c_in, double bytes,
-                       double nic_Bps, double alpha_s) {
+                       double nic_Bps, double alpha_s, double load) {
   const size_t P = shares.size();
-  if (P < 2) return 0;
+  if (P < 2 && load < 0) return 0;
   const std::vector<double> c = clamp_capacities(c_in);
+  const double L = load < 0 ? static_cast<double>(P) - 2 : load;
   double worst = 0;
   for (size_t i = 0; i < P; i++) {
-    double moved = bytes * (1 + (static_cast<double>(P) - 2) * shares[i]);
+    double moved = bytes * (1 + L * shares[i]);
     worst = std::max(worst, moved / (c[i] * nic_Bps));
   }
   return worst + 2 * alpha_s;
 }
 
-PlanChoice choose_plan(PlanKind want, const std::vector<double>& c, double bytes, double nic_Bps, double alpha_s) {
+PlanChoice choose_plan(PlanKind want, const std::vector<double>& c, double bytes, double nic_Bps, double alpha_s,
+                       double load) {
   PlanChoice best;
   if (want != PlanKind::kAuto) {
     best.kind = want;
-    best.shares = plan_shares(want, c);
-    best.predicted_s = predict_seconds(best.shares, c, bytes, nic_Bps, alpha_s);
+    best.shares = plan_shares(want, c, load);
+    best.predicted_s = predict_seconds(best.shares, c, bytes, nic_Bps, alpha_s, load);
     return best;
   }
   bool first = true;
   for (PlanKind k : {PlanKind::kBalance, PlanKind::kR2cc, PlanKind::kWeighted, PlanKind::kOptimal}) {
-    std::vector<double> s = plan_shares(k, c);
-    double t = predict_seconds(s, c, bytes, nic_Bps, alpha_s);
+    std::vector<double> s = plan_shares(k, c, load);
+    double t = predict_seconds(s, c, bytes, nic_Bps, alpha_s, load);
     if (first || t < best.predicted_s * (1 - 1e-9)) {   // ties keep the simpler plan
       best.kind = k;
       best.shares = std::move(s);
@@ -230,6 +260,26 @@ PlanChoice choose_plan(PlanKind want, const std::vector<double>& c, double bytes
     }
   }
   return best;
+}
+
+TwoLevelChoice choose_two_level(PlanKind want, const std::vector<double>& c_in, int m, double bytes, double nic_Bps,
+                                double alpha_s, double piece_bytes) {
+  TwoLevelChoice out;
+  const int P = static_cast<int>(c_in.size());
+  if (m < 1 || P < 1 || P % m != 0) return out;
+  const int g = P / m;
+  const std::vector<double> c = clamp_capacities(c_in);
+  double worst = 0;
+  for (int k = 0; k < g; k++) {
+    const std::vector<double> ck(c.begin() + k * m, c.begin() + (k + 1) * m);
+    out.groups.push_back(choose_plan(want, ck, bytes, nic_Bps, alpha_s, two_level_load(m, g, k)));
+    worst = std::max(worst, out.groups.back().predicted_s);
+  }
+  // The fill: a piece's running fold crosses g - 1 groups and its result g - 1 more.
+  const double cmin = *std::min_element(c.begin(), c.end());
+  const double hop = alpha_s + std::min(piece_bytes, bytes / m) / (cmin * nic_Bps);
+  out.predicted_s = worst + 2.0 * (g - 1) * hop;
+  return out;
 }
 
 std::vector<uint64_t> share_boundaries(const std::vector<double>& shares, uint64_t n) {

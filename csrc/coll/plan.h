@@ -38,10 +38,16 @@ std::string plan_setting_error(const std::string& plan);
 // to the process 2^r before it on the ring and receives as much from the one 2^r after it;
 // after ceil(log2 P) rounds each holds every local sum and folds them in canonical order. It
 // moves (P - 1) times the vector: for small all-reduces, where the rounds (latency) rule.
+// two_level (all-reduce only; other kinds run the ring): the processes in groups of
+// two_level_group() contiguous ones (a rack stays a group); inside each group the owner
+// exchange with its group's own plan, across groups each element's running fold passes from
+// its owner in group k to its owner in group k+1, who folds its group's contributions onto it
+// (so the order stays the canonical one), and the result goes back around the groups and
+// out inside each: group - 1 + 2 peers per process, the direct's bytes with two groups.
 // Every algorithm gives the same bits (docs/plans.md, "Algorithms").
-enum class AlgoKind : int { kAuto = 0, kDirect, kRing, kDoubling };
-inline constexpr const char* kAlgoNames[] = {"auto", "direct", "ring", "doubling"};
-static_assert(std::size(kAlgoNames) == static_cast<size_t>(AlgoKind::kDoubling) + 1, "an AlgoKind without a name");
+enum class AlgoKind : int { kAuto = 0, kDirect, kRing, kDoubling, kTwoLevel };
+inline constexpr const char* kAlgoNames[] = {"auto", "direct", "ring", "doubling", "two_level"};
+static_assert(std::size(kAlgoNames) == static_cast<size_t>(AlgoKind::kTwoLevel) + 1, "an AlgoKind without a name");
 const char* algo_name(AlgoKind k);
 bool parse_algo(const std::string& s, AlgoKind* out);
 // R2CCL_ALGO's check: empty when `algo` names one, else a sentence naming every algorithm.
@@ -49,9 +55,13 @@ std::string algo_setting_error(const std::string& algo);
 // The algorithm one collective over `processes` runs (all-to-all is always direct, the
 // caller's business): `want`, or for kAuto direct while each process's direct peers
 // (processes - 1) fit `max_peers` (R2CCL_MAX_PEERS), beyond that doubling for a small
-// all-reduce and the ring for anything else. (Within the budget the cost model always prefers
-// direct: it moves 2D(P-1)/P per process, the ring 2D; past it, the peer count is what rules:
-// connections, windows, incast.) doubling asked for anything but an all-reduce runs the ring.
+// all-reduce, two_level for a large one where the processes split into groups of two or more
+// (two_level_group), and the ring for anything else. (Within the budget the cost model
+// always prefers direct: it moves 2D(P-1)/P per process, the ring 2D; past it, the peer
+// count is what rules: connections, windows, incast. two_level moves at most the ring's 2D,
+// exactly the direct's with two groups, keeps plans inside each group and fills its pipeline
+// in 2 (groups - 1) hops, not P.) doubling or two_level asked for anything but an all-reduce
+// runs the ring.
 // A pure function of values equal on every process; the result travels in the signature.
 // `bytes`: the vector's size: a small all-reduce (at most kSmallAllReduceBytes) runs doubling
 // only while it holds at most kDoublingMaxBytes of local sums (P x bytes), so that no process's
@@ -60,9 +70,17 @@ inline constexpr uint64_t kSmallAllReduceBytes = kSmallCollectiveBytes;   // bas
 inline constexpr uint64_t kDoublingMaxBytes = 16 << 20;
 AlgoKind choose_algo(AlgoKind want, int processes, int max_peers, bool all_reduce = true, double bytes = 1e18);
 // Receive buffers one process allocates for one all-reduce of `bytes` (max_share: the largest
-// owner's share, direct only): direct, the P - 1 contributions to its segment; ring, one
-// partial per piece (the whole vector); doubling, every process's local sum.
-double algo_buffer_bytes(AlgoKind k, int processes, double bytes, double max_share);
+// owner's share, direct and two_level): direct, the P - 1 contributions to its segment; ring,
+// one partial per piece (the whole vector); doubling, every process's local sum; two_level,
+// its group's contributions and the running fold in and out.
+double algo_buffer_bytes(AlgoKind k, int processes, double bytes, double max_share, int max_peers = Config{}.max_peers);
+// two_level's group size over `processes`: the largest divisor of it that is at most
+// max(1, max_peers) (equal groups: each element has one owner per group). 1: no two_level.
+int two_level_group(int processes, int max_peers);
+// The load factor of a two_level owner in group k of g groups of m (see plan_shares): what it
+// moves per byte of its share beyond the contributions, m - 2 plus its cross-group messages
+// (the running fold in and out, the result relayed in and out; the larger direction).
+double two_level_load(int m, int g, int k);
 // Cost model of the ring all-reduce over processes of capacities c: process i moves its
 // ring loads (out: the partial to its successor unless last, the result on unless it is
 // the last to get it; in: likewise) over c_i * nic_Bps, plus the pipeline's fill: the first
@@ -72,8 +90,9 @@ double predict_ring_seconds(const std::vector<double>& c, double bytes, double n
 // The processes `me` exchanges with in a doubling all-reduce over `processes` (indices into
 // the group's canonical order): the one 2^r before and the one 2^r after, every round r.
 std::vector<int> doubling_partners(int me, int processes);
-// Peers one process exchanges data with in one all-reduce of each algorithm.
-int algo_peers(AlgoKind k, int processes);
+// Peers one process exchanges data with in one all-reduce of each algorithm (healthy: equal
+// shares in every group of two_level).
+int algo_peers(AlgoKind k, int processes, int max_peers = Config{}.max_peers);
 // Cost model of the doubling all-reduce: ceil(log2 P) rounds, (P - 1) D over the slowest
 // process's capacity.
 double predict_doubling_seconds(const std::vector<double>& c, double bytes, double nic_Bps, double alpha_s);
@@ -89,16 +108,31 @@ struct PlanChoice {
 };
 
 // Shares for one plan over processes of capacities c (NIC units; 0 is treated as tiny).
-std::vector<double> plan_shares(PlanKind k, const std::vector<double>& c);
+// `load`: what an owner moves per byte of its share beyond its contributions (below); < 0:
+// the direct owner exchange's P - 2.
+std::vector<double> plan_shares(PlanKind k, const std::vector<double>& c, double load = -1);
 
 // Cost model of the owner all-reduce (every process sends its contributions straight to each
 // owner, owners send results straight back): process i moves D(1 + (P-2) s_i) out and as much
-// in over capacity c_i * nic_Bps, full duplex; plus two message latencies.
+// in over capacity c_i * nic_Bps, full duplex; plus two message latencies. With `load` >= 0,
+// D(1 + load s_i) (a two_level group: two_level_load).
 double predict_seconds(const std::vector<double>& shares, const std::vector<double>& c, double bytes,
-                       double nic_Bps, double alpha_s);
+                       double nic_Bps, double alpha_s, double load = -1);
 
 // The plan to run: `want`, or for kAuto the one the model predicts fastest (ties: the simpler).
-PlanChoice choose_plan(PlanKind want, const std::vector<double>& c, double bytes, double nic_Bps, double alpha_s);
+PlanChoice choose_plan(PlanKind want, const std::vector<double>& c, double bytes, double nic_Bps, double alpha_s,
+                       double load = -1);
+
+// two_level over processes of capacities c (canonical order) in groups of m: each group's own
+// plan (choose_plan over its capacities with its two_level_load), and the time: the slowest
+// group, plus the pipeline's fill (a piece's running fold crosses g - 1 groups, its result
+// g - 1 more, each hop at the slowest process's pace).
+struct TwoLevelChoice {
+  std::vector<PlanChoice> groups;   // per group, in order
+  double predicted_s = 0;
+};
+TwoLevelChoice choose_two_level(PlanKind want, const std::vector<double>& c, int m, double bytes, double nic_Bps,
+                                double alpha_s, double piece_bytes);
 
 // Element boundaries of the owners' segments: b[0] = 0, b[P] = n, b[i+1] - b[i] ~ shares[i] * n.
 // A pure function of its arguments, so every process computes the same split.

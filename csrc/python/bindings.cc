@@ -938,9 +938,27 @@ NB_MODULE(_core, m) {
         const coll::AlgoKind k = coll::choose_algo(want, P, max_peers, true, bytes);
         nb::dict d;
         d["algo"] = coll::algo_name(k);
-        d["peers"] = coll::algo_peers(k, P);
+        d["peers"] = coll::algo_peers(k, P, max_peers);
         double max_share = 0;
-        if (k == coll::AlgoKind::kDoubling) {
+        if (k == coll::AlgoKind::kTwoLevel) {
+          // Each group's own plan; shares per process of the job (a group's shares over the
+          // groups), the plan of the slowest group.
+          const int m = coll::two_level_group(P, max_peers);
+          coll::TwoLevelChoice t = coll::choose_two_level(pk, capacities, m, bytes, nic_Bps, alpha_s, piece_bytes);
+          std::vector<double> shares;
+          const coll::PlanChoice* slowest = nullptr;
+          for (const coll::PlanChoice& g : t.groups) {
+            for (double x : g.shares) {
+              shares.push_back(x / static_cast<double>(t.groups.size()));
+              max_share = std::max(max_share, x);
+            }
+            if (!slowest || g.predicted_s > slowest->predicted_s) slowest = &g;
+          }
+          d["plan"] = slowest ? coll::plan_name(slowest->kind) : "";
+          d["shares"] = shares;
+          d["group"] = m;
+          d["predicted_s"] = t.predicted_s;
+        } else if (k == coll::AlgoKind::kDoubling) {
           d["plan"] = "";
           d["shares"] = std::vector<double>{};
           d["predicted_s"] = coll::predict_doubling_seconds(capacities, bytes, nic_Bps, alpha_s);
@@ -955,15 +973,15 @@ NB_MODULE(_core, m) {
           d["predicted_s"] = c.predicted_s;
           for (double x : c.shares) max_share = std::max(max_share, x);
         }
-        d["buffer_bytes"] = coll::algo_buffer_bytes(k, P, bytes, max_share);
+        d["buffer_bytes"] = coll::algo_buffer_bytes(k, P, bytes, max_share, max_peers);
         return d;
       },
       nb::arg("algo"), nb::arg("plan"), nb::arg("capacities"), nb::arg("bytes"), nb::arg("nic_Bps"),
       nb::arg("alpha_s") = 0.0, nb::arg("piece_bytes") = double(coll::CollectiveOptions{}.piece_bytes),
       nb::arg("max_peers") = Config{}.max_peers,
       "What an all-reduce of `bytes` over len(capacities) processes runs (algo: one of names()['algos']; plan: "
-      "the direct algorithm's, one of names()['plans']): algo, plan, shares, peers per process, receive "
-      "buffer_bytes per process, and the cost model's predicted_s.");
+      "the direct algorithm's and each two_level group's, one of names()['plans']): algo, plan, shares, peers per "
+      "process, receive buffer_bytes per process, two_level's group size, and the cost model's predicted_s.");
 
   // Wire-level helpers for tests that play a stranger on the listen port.
   m.def("_encode_frame", [](int type, nb::bytes payload, uint64_t seq) {

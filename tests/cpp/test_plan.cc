@@ -126,11 +126,15 @@ int main() {
   check(parse_plan("optimal", &k) && k == PlanKind::kOptimal && !parse_plan("ring", &k), "plan names");
 
   // Algorithms (docs/plans.md, "Algorithms"): auto is direct within max_peers, then doubling
-  // for small all-reduces whose local sums fit kDoublingMaxBytes, the ring for the rest.
+  // for small all-reduces whose local sums fit kDoublingMaxBytes, two_level for a large one
+  // where groups of 2+ exist, the ring for the rest.
   check(choose_algo(AlgoKind::kAuto, 17, 16, true, 1e9) == AlgoKind::kDirect, "auto within max_peers: direct");
-  check(choose_algo(AlgoKind::kAuto, 18, 16, true, 1e9) == AlgoKind::kRing, "auto past max_peers: ring");
+  check(choose_algo(AlgoKind::kAuto, 18, 16, true, 1e9) == AlgoKind::kTwoLevel, "auto past max_peers: two_level");
+  check(choose_algo(AlgoKind::kAuto, 19, 16, true, 1e9) == AlgoKind::kRing, "a prime count: the ring");
+  check(choose_algo(AlgoKind::kAuto, 18, 16, false, 1e9) == AlgoKind::kRing, "other kinds: the ring");
+  check(choose_algo(AlgoKind::kTwoLevel, 4, 16, false, 1e9) == AlgoKind::kRing, "two_level only all-reduces");
   check(choose_algo(AlgoKind::kAuto, 18, 16, true, 4096) == AlgoKind::kDoubling, "small: doubling");
-  check(choose_algo(AlgoKind::kAuto, 1024, 16, true, 65536) == AlgoKind::kRing, "P x bytes past the bound: ring");
+  check(choose_algo(AlgoKind::kAuto, 1024, 16, true, 65536) == AlgoKind::kTwoLevel, "P x bytes past the bound: two_level");
   check(choose_algo(AlgoKind::kAuto, 18, 16, false, 4096) == AlgoKind::kRing, "small, other kinds: ring");
   check(choose_algo(AlgoKind::kDoubling, 4, 16, false, 4096) == AlgoKind::kRing, "doubling only all-reduces");
   check(choose_algo(AlgoKind::kRing, 2, 16, true, 1) == AlgoKind::kRing, "a forced algorithm stays");
@@ -138,6 +142,30 @@ int main() {
   check(startup_peers(AlgoKind::kRing, 0, 5, 16) == std::vector<int>({1, 4}), "ring: the two neighbours");
   check(startup_peers(AlgoKind::kRing, 1, 2, 16) == std::vector<int>({0}), "ring of two: one neighbour");
   check(startup_peers(AlgoKind::kAuto, 0, 1, 16).empty(), "alone: nobody");
+  check(startup_peers(AlgoKind::kAuto, 3, 12, 4) == std::vector<int>({0, 1, 2, 7, 11}),
+        "two_level: the group and the column's neighbours");
+  check(startup_peers(AlgoKind::kAuto, 5, 8, 4) == std::vector<int>({1, 4, 6, 7}), "two groups: one column neighbour");
+  check(two_level_group(128, 16) == 16 && two_level_group(18, 16) == 9 && two_level_group(19, 16) == 1 &&
+            two_level_group(8, 4) == 4 && two_level_group(6, 1) == 1,
+        "two_level groups: the largest divisor within max_peers");
+  check(algo_peers(AlgoKind::kTwoLevel, 128, 16) == 17 && algo_peers(AlgoKind::kTwoLevel, 8, 4) == 4,
+        "two_level peers: the group and two (one) column neighbours");
+  // The two_level model: with two groups a process moves the direct exchange's 2D(P-1)/P
+  // (1.75 D for 8 processes in groups of 4); a middle group of three moves the ring's 2D; a host
+  // at half its NICs owns less inside its group: 8/7 of healthy (the direct's optimal plan too).
+  check(near(two_level_load(4, 2, 0), 3.0) && near(two_level_load(4, 2, 1), 3.0) &&
+            near(two_level_load(4, 3, 1), 4.0) && near(two_level_load(4, 3, 0), 4.0) && near(two_level_load(4, 3, 2), 3.0),
+        "two_level loads");
+  const double tl_healthy = choose_two_level(PlanKind::kAuto, std::vector<double>(8, 1.0), 4, 1.0, 1.0, 0.0, 0.0).predicted_s;
+  check(near(tl_healthy, 1.75), "two_level, 2 x 4 healthy: 1.75 D/B");
+  std::vector<double> tl_slow(8, 1.0);
+  tl_slow[5] = 0.5;
+  const TwoLevelChoice tls = choose_two_level(PlanKind::kAuto, tl_slow, 4, 1.0, 1.0, 0.0, 0.0);
+  check(near(tls.predicted_s / tl_healthy, 2.0 / 1.75) && near(tls.groups[1].shares[1], 0.0) &&
+            tls.groups[0].kind == PlanKind::kBalance,
+        "two_level, a host at half: it owns nothing, 8/7 of healthy, the other group untouched");
+  check(near(choose_two_level(PlanKind::kBalance, std::vector<double>(12, 1.0), 4, 1.0, 1.0, 0.0, 0.0).predicted_s, 2.0),
+        "two_level, three groups: the middle moves 2 D");
   check(doubling_partners(0, 8) == std::vector<int>({1, 2, 4, 6, 7}), "doubling partners of 8");
   check(algo_peers(AlgoKind::kDoubling, 128) == 13 && algo_peers(AlgoKind::kRing, 128) == 2 &&
             algo_peers(AlgoKind::kDirect, 128) == 127,
@@ -157,7 +185,8 @@ int main() {
         "receive buffers");
   AlgoKind a;
   check(parse_algo("doubling", &a) && a == AlgoKind::kDoubling && !parse_algo("tree", &a) &&
-            algo_setting_error("ring").empty() && algo_setting_error("x") == "R2CCL_ALGO must be auto, direct, ring or doubling",
+            algo_setting_error("ring").empty() &&
+            algo_setting_error("x") == "R2CCL_ALGO must be auto, direct, ring, doubling or two_level",
         "algorithm names");
 
   return checks_passed("test_plan");

@@ -72,7 +72,8 @@ def at_scale(seeds: int, rate: float, degrade: float = 0.0, flap: float = 0.0) -
         wl = WORKLOADS[wname]
         serving = wl.kind == "serving"
         seconds = 3 * 3600.0 if serving else 10000 * wl.step(c, {}, "balance")[0]
-        names = ["crash-restart", "adapcc", "hot-repair", "r2ccl-balance", "r2ccl-r2cc", "jax_r2ccl", "jax_r2ccl-direct"]
+        names = ["crash-restart", "adapcc", "hot-repair", "r2ccl-balance", "r2ccl-r2cc", "jax_r2ccl", "jax_r2ccl-direct",
+                 "jax_r2ccl-chain"]
         names += ["dejavu"] if serving else []
         acc = {n: {"overhead": 0.0, "overhead_active": 0.0, "failures": 0} for n in names}
         for seed in range(seeds):
@@ -101,6 +102,7 @@ def headline(rows: list[dict]) -> dict:
                   "ratio": by[(w, base)]["overhead"] / best if best > 0 else float("inf"),
                   "jax_r2ccl_overhead": by[(w, "jax_r2ccl")]["overhead"],
                   "jax_r2ccl_direct_overhead": by[(w, "jax_r2ccl-direct")]["overhead"],
+                  "jax_r2ccl_chain_overhead": by[(w, "jax_r2ccl-chain")]["overhead"],
                   "r2ccl_balance_overhead": by[(w, "r2ccl-balance")]["overhead"]}
     return out
 
@@ -141,8 +143,9 @@ def main(args: argparse.Namespace) -> int:
             limit = "3%" if h["baseline"] == "dejavu" else "1%"
             print(f"  {w:16} R2CCL active {h['r2ccl_overhead_active']:.3%} (paper < {limit}); {h['baseline']} / R2CCL "
                   f"= {h['ratio']:.1f}x (paper {'47' if h['baseline'] == 'dejavu' else '12.18'}x); jax_r2ccl "
-                  f"{h['jax_r2ccl_overhead']:.4%} (auto: the ring past R2CCL_MAX_PEERS), "
-                  f"{h['jax_r2ccl_direct_overhead']:.4%} (direct) vs R2CCL {h['r2ccl_overhead']:.4%}")
+                  f"{h['jax_r2ccl_overhead']:.4%} (auto: two_level past R2CCL_MAX_PEERS), "
+                  f"{h['jax_r2ccl_direct_overhead']:.4%} (direct), {h['jax_r2ccl_chain_overhead']:.4%} (chain) "
+                  f"vs R2CCL {h['r2ccl_overhead']:.4%}")
         print()
     from .plans import table
     print("# 3. jax_r2ccl's planner vs R2CCL's plans at 1024 GPUs, 1 GiB all-reduce, one server at 1 - X")

@@ -40,7 +40,7 @@ class Policy:
     plan: str = "balance"     # all-reduce plan (the planner's names) while degraded
     # The all-reduce between servers (the planner's algorithm names). Every system but
     # jax_r2ccl is costed with the owner exchange, as before the algorithms (R2CCL's plans are
-    # shares of it); jax_r2ccl runs what its planner picks (auto: the ring past R2CCL_MAX_PEERS).
+    # shares of it); jax_r2ccl runs what its planner picks (auto: two_level past R2CCL_MAX_PEERS).
     algo: str = "direct"
     failover_s: float = 0.0   # time without progress when a NIC it survives goes down
     blackhole_s: float | None = None   # the same for a black hole (no link event); None: failover_s
@@ -82,6 +82,11 @@ POLICIES = {
                                holddown_s=0.1, blackhole_s=0.25, reweigh_s=0.6,
                                doc="jax_r2ccl with R2CCL_ALGO=direct: the owner exchange and its degraded plans "
                                    "at any size (a connection to every host)"),
+    # The same with R2CCL_ALGO=ring: the chain, two peers per host and no degraded plan.
+    "jax_r2ccl-chain": Policy("jax_r2ccl-chain", "weighted", "auto", algo="ring", failover_s=0.005,
+                              holddown_s=0.1, blackhole_s=0.25, reweigh_s=0.6,
+                              doc="jax_r2ccl with R2CCL_ALGO=ring: the chain in canonical order (two peers per "
+                                  "host, no degraded plan)"),
     "dejavu": Policy("dejavu", "crash", serving_only=True, kv_restore=True,
                      doc="DejaVu-like serving: restart the instance, restore the replicated KV cache"),
 }
