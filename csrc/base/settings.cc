@@ -144,13 +144,18 @@ std::vector<Setting> build_table() {
        "exchanges with its two ring neighbours only (the all-reduce moves about twice the vector"
        " per process, in pieces, so the canonical summation order holds); all-to-all is always "
        "direct. doubling: small all-reduces in log2(P) rounds with 2 log2(P) peers (other kinds "
-       "then run the ring). auto: direct up to R2CCL_MAX_PEERS peers; beyond, doubling for "
-       "all-reduces of at most 64 KiB (while P x size <= 16 MiB) and the ring for the rest. "
+       "then run the ring). two_level: all-reduces in equal groups of at most R2CCL_MAX_PEERS "
+       "processes, the owner exchange and its plans inside each, the running fold from group to "
+       "group (group - 1 + 2 peers; other kinds run the ring). auto: direct up to "
+       "R2CCL_MAX_PEERS peers; beyond, doubling for all-reduces of at most 64 KiB (while P x size "
+       "<= 16 MiB), two_level for the larger ones where P splits into groups of 2 or more, and "
+       "the ring for the rest. "
        "Results are bit-identical under every algorithm. Must be equal on every process (checked"
        " with each call)."},
       {"R2CCL_MAX_PEERS", "max_peers", SettingKind::kInt, &Config::max_peers,
        std::string() + "Under R2CCL_ALGO=auto: the most processes one process exchanges data with directly in a "
-       "collective; a larger group runs the ring."},
+       "collective; a larger group runs two_level in groups of at most this many (the largest "
+       "divisor of the process count within it), or the ring. Must be equal on every process."},
       {"R2CCL_STAGING_BYTES", "staging_bytes", SettingKind::kInt, &Config::staging_bytes,
        std::string() + "GPU platform: bound on the pinned host staging of one GPU: a pool of slots of two steps "
        "each, reused across calls (a collective uses up to three at once). "
