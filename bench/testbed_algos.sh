@@ -1,15 +1,19 @@
 #!/usr/bin/env bash
 # bench/testbed_algos.sh - each collective algorithm (R2CCL_ALGO) on one namespace test bed, one
 # after the other in the same session: HOSTS hosts x NICS NICs at RATE, one process per host, a
-# healthy all-reduce loop per algorithm (busbw beside the NIC sum), then, for the ring, the same
-# loop with one host losing a NIC mid-loop (every element of every call checked on every
-# process). Prints process 0's tables, every process's stall count, and each process's open
-# rails. Always tears the bed down.
+# healthy all-reduce loop per algorithm (busbw beside the NIC sum); then, per algorithm of
+# DEGRADE_ALGOS, the same loop with host 3 at half its NICs from the start (its NIC 1 down:
+# the plans see its capacity); then, per algorithm of FAULT_ALGOS, the loop with host 3 losing
+# a NIC mid-loop (every element of every call checked on every process). Prints process 0's
+# tables, every process's stall count, and each process's open rails. Always tears the bed down.
 #
 #   sudo bench/testbed_algos.sh                                  # 8 hosts x 2 NICs at 50mbit
 #   HOSTS=4 NICS=2 RATE=50mbit ALGOS=direct,ring bench/testbed_algos.sh
+#   sudo R2CCL_MAX_PEERS=4 ALGOS=two_level,ring,direct DEGRADE_ALGOS=two_level,ring \
+#        FAULT_ALGOS=two_level bench/testbed_algos.sh            # two groups of four (issue 38)
 # Env: HOSTS (8), NICS (2), RATE (50mbit), SIZES (64MiB), ITERS (3), WARMUP (1), ALGOS
-#      (direct,ring), FAULT (1: the fault run; 0: none), FAULT_AT (s, 4), PORT (29710), OUT, PYTHON.
+#      (direct,ring), DEGRADE_ALGOS (none), FAULT (1: the fault runs; 0: none), FAULT_ALGOS
+#      (ring), FAULT_AT (s, 4), PORT (29710), OUT, PYTHON, R2CCL_* (passed through).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -20,7 +24,9 @@ SIZES=${SIZES:-64MiB}
 ITERS=${ITERS:-3}
 WARMUP=${WARMUP:-1}
 ALGOS=${ALGOS:-direct,ring}
+DEGRADE_ALGOS=${DEGRADE_ALGOS:-}
 FAULT=${FAULT:-1}
+FAULT_ALGOS=${FAULT_ALGOS:-ring}
 FAULT_AT=${FAULT_AT:-4}
 PORT=${PORT:-29710}
 PYTHON=${PYTHON:-python3}
@@ -67,10 +73,20 @@ for algo in ${ALGOS//,/ }; do
   run "$algo" $((PORT + k)) --algo "$algo"
   k=$((k + 1))
 done
-if [[ $FAULT == 1 ]]; then
-  # Host 3 loses NIC 1 FAULT_AT s into the timed loop (its link down; healed after the run).
-  run "ring-fault" $((PORT + k)) --algo ring --fault-at "$FAULT_AT" \
-    --fault-cmd "$PYTHON -m jax_r2ccl testbed fail 3 1"
+for algo in ${DEGRADE_ALGOS//,/ }; do
+  # Host 3 at half its NICs for the whole run (NIC 1 down before the processes start).
+  $NETNS fail 3 1 >/dev/null
+  run "$algo-x50" $((PORT + k)) --algo "$algo"
   $NETNS heal 3 1 >/dev/null 2>&1 || true
+  k=$((k + 1))
+done
+if [[ $FAULT == 1 ]]; then
+  for algo in ${FAULT_ALGOS//,/ }; do
+    # Host 3 loses NIC 1 FAULT_AT s into the timed loop (its link down; healed after the run).
+    run "$algo-fault" $((PORT + k)) --algo "$algo" --fault-at "$FAULT_AT" \
+      --fault-cmd "$PYTHON -m jax_r2ccl testbed fail 3 1"
+    $NETNS heal 3 1 >/dev/null 2>&1 || true
+    k=$((k + 1))
+  done
 fi
 echo "== results in $OUT"

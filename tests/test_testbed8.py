@@ -1,7 +1,8 @@
 """Past a rack, on the namespace test bed: 2, 4 and 8 hosts x 2 NICs at 50mbit, one process
 per host. Under the ring each process connects only to its two neighbours, whatever the job
-size; start-up waits for those connections only; on 8 hosts a host loses a NIC in the middle
-of an all-reduce loop and every result stays bit-exact. The table (build/scale.json, printed
+size; under two_level (R2CCL_MAX_PEERS=4: two groups of four) to its group and its column's
+neighbour; start-up waits for those connections only; on 8 hosts a host loses a NIC in the
+middle of an all-reduce loop (ring, two_level) and every result stays bit-exact. The table (build/scale.json, printed
 with -s) is BENCHMARKS.md's. Needs root; skipped with the reason otherwise."""
 
 import json
@@ -20,23 +21,25 @@ COUNT = 1 << 20        # 4 MiB of float32 per process: about 0.7 s a ring all-re
 ITERS = 6
 
 
-def _job(world, algo, fault=False):
+def _job(world, algo, fault=False, max_peers=None):
     testbed.up(world, 2, "50mbit")
     try:
-        args = {"count": COUNT, "iters": ITERS}
+        args = {"count": COUNT, "iters": ITERS, **({"fence_algo": "two_level"} if max_peers else {})}
         if fault:
             args.update(fault_cmd=tb("fail", 3, 1), fault_after_s=1.0)
+        config = {"timeout_s": 30.0, "algo": algo, **({"max_peers": max_peers} if max_peers else {})}
         return run_ranks("ring_scale_loop", world, nics=NICS2, timeout=300, netns=hosts(world),
-                         config={"timeout_s": 30.0, "algo": algo}, args=args)
+                         config=config, args=args)
     finally:
         testbed.down()
 
 
 def test_connections_and_start_up_against_the_process_count_and_a_nic_lost_on_8_hosts():
     rows = []
-    for world, algo, fault in ((2, "ring", False), (4, "ring", False), (8, "ring", False), (8, "ring", True),
-                               (8, "auto", False)):
-        res = _job(world, algo, fault)
+    for world, algo, fault, max_peers in ((2, "ring", False, None), (4, "ring", False, None), (8, "ring", False, None),
+                                          (8, "ring", True, None), (8, "auto", False, None), (8, "auto", False, 4),
+                                          (8, "auto", True, 4)):
+        res = _job(world, algo, fault, max_peers)
         peers = 1 if world == 2 else 2
         for rank, r in enumerate(res):
             out = r["result"]
@@ -49,6 +52,13 @@ def test_connections_and_start_up_against_the_process_count_and_a_nic_lost_on_8_
                 # The issue's bound: at most 2 x rails x the peers the algorithm uses.
                 assert out["start"]["rails_up"] <= 2 * rails * peers, (world, rank, out)
                 assert out["start"]["rails_up"] == rails * peers, (world, rank, out)
+            elif max_peers:   # auto past R2CCL_MAX_PEERS=4: two_level, two groups of four
+                group = rank // 4
+                want = sorted((set(range(group * 4, group * 4 + 4)) | {(rank + 4) % world}) - {rank})
+                assert out["algos"] == ["two_level"], out
+                assert out["start"]["opened"] == want and out["end"]["opened"] == want, (world, rank, out)
+                # issue 38's bound: 2 x rails x (group + 2) connections per host
+                assert out["start"]["rails_up"] == rails * len(want) <= 2 * rails * (4 + 2), (world, rank, out)
             else:    # auto within R2CCL_MAX_PEERS: direct, a connection to every process
                 assert out["algos"] == ["direct"], out
                 assert out["start"]["rails_up"] == rails * (world - 1), (world, rank, out)

@@ -1040,24 +1040,25 @@ class _MonitoredAllReduce:
         self.mon.close()
 
 
-def ring_scale_loop(ep, rank, world, count, iters, fault_cmd=None, fault_after_s=1.0, victim=-1):
+def ring_scale_loop(ep, rank, world, count, iters, fault_cmd=None, fault_after_s=1.0, victim=-1, fence_algo="ring"):
     """A job that scales: the peers this process opened and its rails up after start-up and
     after an all-reduce loop (the health monitor running, as jax_r2ccl.initialize() runs it);
     rank 0 runs fault_cmd mid-loop. Every output checked bit for bit. No barrier: that would
-    talk to every process; tiny ring all-reduces fence the looks instead."""
+    talk to every process; tiny all-reduces under `fence_algo` (the loop's peers) fence the
+    looks instead."""
     def rails_up():
         return sum(s["state"] == "up" for p in range(world) if p != rank for s in ep.rail_stats(p))
     start = {"opened": ep.opened_peers(), "rails_up": rails_up()}
     job = _MonitoredAllReduce(ep, rank, world, count, seed=7)
     hc, pr = job.hc, job.pr
     fence = [np.zeros(1, np.int32)]
-    hc.run("all_reduce", fence, process_of_rank=pr, my_ranks=[rank], algo="ring")
+    hc.run("all_reduce", fence, process_of_rank=pr, my_ranks=[rank], algo=fence_algo)
     algos = set()
     wrong, times = job.loop(iters, fault_cmd, fault_after_s, lambda: algos.add(hc.last_plan()["algo"]))
-    hc.run("all_reduce", fence, process_of_rank=pr, my_ranks=[rank], algo="ring")
+    hc.run("all_reduce", fence, process_of_rank=pr, my_ranks=[rank], algo=fence_algo)
     end = {"opened": ep.opened_peers(), "rails_up": rails_up()}
     failures = sum(s["failures"] for p in range(world) if p != rank for s in ep.rail_stats(p))
-    hc.run("all_reduce", fence, process_of_rank=pr, my_ranks=[rank], algo="ring")
+    hc.run("all_reduce", fence, process_of_rank=pr, my_ranks=[rank], algo=fence_algo)
     job.stop_monitor()
     hc.close()
     return {"wrong": wrong, "times": times, "algos": sorted(algos), "start": start, "end": end,

@@ -7,6 +7,10 @@ namespace r2ccl::coll {
 
 std::vector<int> Algorithm::neighbours(const Op& op) const { return op.procs(); }
 
+void runs_no(const char* algorithm, Kind kind) {
+  throw Error(Cause::kInternal, -1, std::string(algorithm) + " runs no " + kind_name(kind));
+}
+
 std::unique_ptr<Algorithm> make_algorithm(Kind kind, AlgoKind algo, int processes) {
   switch (kind) {
     case Kind::kAllToAll:

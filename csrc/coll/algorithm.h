@@ -73,6 +73,9 @@ class Algorithm {
 // `kind`, over `processes` (one process runs the direct code whatever `algo` says).
 std::unique_ptr<Algorithm> make_algorithm(Kind kind, AlgoKind algo, int processes);
 
+// An algorithm asked for a kind it does not run (make_algorithm never asks): kInternal.
+[[noreturn]] void runs_no(const char* algorithm, Kind kind);
+
 // One per file of coll/algo/.
 std::unique_ptr<Algorithm> direct_algorithm(Kind kind);
 std::unique_ptr<Algorithm> chain_algorithm(Kind kind);

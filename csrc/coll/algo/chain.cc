@@ -183,7 +183,7 @@ std::unique_ptr<Algorithm> chain_algorithm(Kind kind) {
     case Kind::kReduceScatter: return std::make_unique<ChainReduceScatter>();
     case Kind::kAllGather: return std::make_unique<ChainAllGather>();
     case Kind::kBroadcast: return std::make_unique<ChainBroadcast>();
-    default: throw Error(Cause::kInternal, -1, std::string("the chain runs no ") + kind_name(kind));
+    default: runs_no("the chain", kind);
   }
 }
 

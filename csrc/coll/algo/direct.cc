@@ -171,7 +171,7 @@ std::unique_ptr<Algorithm> direct_algorithm(Kind kind) {
     case Kind::kReduceScatter: return std::make_unique<DirectReduceScatter>();
     case Kind::kAllGather: return std::make_unique<DirectAllGather>();
     case Kind::kBroadcast: return std::make_unique<DirectBroadcast>();
-    default: throw Error(Cause::kInternal, -1, std::string("the direct algorithm runs no ") + kind_name(kind));
+    default: runs_no("the direct algorithm", kind);
   }
 }
 

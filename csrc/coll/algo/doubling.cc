@@ -89,7 +89,7 @@ class DoublingAllReduce final : public Algorithm {
 
 std::unique_ptr<Algorithm> doubling_algorithm(Kind kind) {
   if (kind != Kind::kAllReduce)
-    throw Error(Cause::kInternal, -1, std::string("doubling runs no ") + kind_name(kind));
+    runs_no("doubling", kind);
   return std::make_unique<DoublingAllReduce>();
 }
 

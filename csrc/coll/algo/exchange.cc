@@ -76,7 +76,7 @@ std::unique_ptr<Algorithm> exchange_algorithm(Kind kind) {
   switch (kind) {
     case Kind::kAllToAll: return std::make_unique<AllToAll>();
     case Kind::kPermute: return std::make_unique<Permute>();
-    default: throw Error(Cause::kInternal, -1, std::string("the exchange runs no ") + kind_name(kind));
+    default: runs_no("the exchange", kind);
   }
 }
 

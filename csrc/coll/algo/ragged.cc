@@ -227,7 +227,7 @@ class Ragged final : public Algorithm {
 
 std::unique_ptr<Algorithm> ragged_algorithm(Kind kind) {
   if (kind != Kind::kRaggedAllToAll)
-    throw Error(Cause::kInternal, -1, std::string("the ragged exchange runs no ") + kind_name(kind));
+    runs_no("the ragged exchange", kind);
   return std::make_unique<Ragged>();
 }
 

@@ -338,7 +338,7 @@ class TwoLevelAllReduce final : public Algorithm {
 
 std::unique_ptr<Algorithm> two_level_algorithm(Kind kind) {
   if (kind != Kind::kAllReduce)
-    throw Error(Cause::kInternal, -1, std::string("two_level runs no ") + kind_name(kind));
+    runs_no("two_level", kind);
   return std::make_unique<TwoLevelAllReduce>();
 }
 

@@ -190,8 +190,8 @@ def main(args: argparse.Namespace) -> int:
             if impl == "r2ccl" and op == "allreduce":
                 lp = runtime.last_plan()
                 # (The ring has no owners: no plan.)
-                row.update(plan=lp["plan"] if lp["algo"] == "direct" else "-", algo=lp["algo"], shares=lp["shares"],
-                           capacities=lp["capacities"])
+                row.update(plan=lp["plan"] if lp["algo"] in ("direct", "two_level") else "-", algo=lp["algo"],
+                           shares=lp["shares"], capacities=lp["capacities"], plan_processes=lp["processes"])
             iterations.append(row)
 
         faulted = size == args.sizes[-1] and args.fault_at is not None
@@ -224,12 +224,17 @@ def main(args: argparse.Namespace) -> int:
             last = [i for i in iterations if i["impl"] == impl and i["size_bytes"] == total and "plan" in i]
             if last:
                 row.update(plan=last[-1]["plan"], algo=last[-1]["algo"], shares=last[-1]["shares"],
-                           capacities=last[-1]["capacities"])
+                           capacities=last[-1]["capacities"], plan_processes=last[-1]["plan_processes"])
                 if args.link_rate and last[-1]["capacities"] and last[-1]["algo"] == "direct":
                     pred = _core.plan_predict(last[-1]["plan"], last[-1]["capacities"], float(total),
                                               float(args.link_rate))
                     row["predicted_us"] = pred["predicted_s"] * 1e6
             rows.append(row)
+    # two_level: each process knows its own group's plan; process 0 puts the job's together
+    # (capacities per process; shares of the vector per process, a group's over the groups)
+    # and the plan of each group.
+    group_plans = dist.gather("groups", [{k: r.get(k) for k in ("plan", "shares", "capacities", "plan_processes")}
+                                         if r.get("algo") == "two_level" else None for r in rows])
     # every process's wrong counts matter: sum them
     totals = dist.gather("wrong", [r["wrong"] for r in rows])
     cpus = dist.gather("cpu", [r["cpu_s_per_GB"] for r in rows])
@@ -250,6 +255,16 @@ def main(args: argparse.Namespace) -> int:
     if args.process_id == 0:
         for i, r in enumerate(rows):
             r["wrong"] = sum(t[i] for t in totals)
+            if r.get("algo") == "two_level":
+                caps, shares, plans = [0.0] * args.num_processes, [0.0] * args.num_processes, {}
+                for g in (x[i] for x in group_plans):
+                    groups = args.num_processes // len(g["plan_processes"])
+                    for p, c, sh in zip(g["plan_processes"], g["capacities"] or [None] * len(g["plan_processes"]),
+                                        g["shares"]):
+                        caps[p] = c if c is not None else float(len(nics or []) or 1)
+                        shares[p] = sh / groups
+                    plans[g["plan_processes"][0]] = g["plan"]
+                r.update(capacities=caps, shares=shares, group_plans=[plans[k] for k in sorted(plans)])
             per = [c[i] for c in cpus]
             r["cpu_s_per_GB_by_process"] = per
             r["cpu_s_per_GB"] = sum(per) / len(per) if all(v is not None for v in per) else None
@@ -282,7 +297,10 @@ def main(args: argparse.Namespace) -> int:
                 stats = {p: ep.rail_stats(p) for p in range(args.num_processes) if p != args.process_id}
             except Exception:  # noqa: BLE001
                 pass
-            write_json(args.json, {"config": vars(args) | {"sizes": args.sizes}, "results": rows,
+            from ...config import Config
+            write_json(args.json, {"config": vars(args) | {"sizes": args.sizes,
+                                                           "max_peers": Config.from_env().max_peers},
+                                   "results": rows,
                                    "iterations": iterations, "loop_end_by_process": loop_ends,
                                    "rail_stats": stats, "stalls": stalls,
                                    "core": getattr(_core, "__file__", "")})

@@ -60,10 +60,13 @@ def calibrate(paths: list[str], rate: str, alpha_s: float) -> list[dict]:
             if r["impl"] != "r2ccl" or r.get("op", "allreduce") != "allreduce" or r["size_bytes"] < (1 << 20):
                 continue
             caps = capacities_of(bench, r)
-            # Runs from before the algorithms were recorded ran direct.
+            # Runs from before the algorithms were recorded ran direct. two_level's groups each
+            # chose their plan from what was asked (R2CCL_PLAN, auto by default).
             algo = r.get("algo") or "direct"
-            pred = allreduce_seconds(cluster, r["size_bytes"], caps,
-                                     r.get("plan") if r.get("plan") not in (None, "", "-") else "balance", algo)
+            plan = r.get("plan") if r.get("plan") not in (None, "", "-") else "balance"
+            if algo == "two_level":
+                plan = cfg.get("plan") or "auto"
+            pred = allreduce_seconds(cluster, r["size_bytes"], caps, plan, algo, cfg.get("max_peers"))
             measured = busbw_GBps(r["size_bytes"], r["time_us_median"] / 1e6, world)
             model = busbw_GBps(r["size_bytes"], pred["seconds"], world)
             rows.append({"file": path, "hosts": world, "nics": nics, "size": r["size"],
@@ -151,9 +154,11 @@ def replay(paths: list[str], rate: str, alpha_s: float) -> list[dict]:
         policy = dataclasses.replace(policy, plan=plan)
         algo = next((i["algo"] for i in loop if i.get("algo")), "direct")
         policy = dataclasses.replace(policy, algo=algo)
-        wl = CollectiveLoop(float(size), algo=algo)
+        if algo == "two_level":
+            policy = dataclasses.replace(policy, plan=cfg.get("plan") or "auto")
+        wl = CollectiveLoop(float(size), algo=algo, max_peers=cfg.get("max_peers"))
         model = time_to_finish(cluster, wl, trace, len(loop), policy)
-        healthy = len(loop) * wl.step(cluster, {}, plan)[0]
+        healthy = len(loop) * wl.step(cluster, {}, policy.plan)[0]
         rows.append({"file": path, "hosts": world, "size": size, "iters": len(loop),
                      "fault": _fault_words(cfg["fault_cmd"]), "measured_s": measured,
                      "model_s": model, "model_healthy_s": healthy, "error": (model - measured) / measured})

@@ -107,6 +107,7 @@ class CollectiveLoop:
     pp: int = 1
     doc: str = "bench allreduce: one all-reduce after another"
     algo: str = "auto"            # R2CCL_ALGO of the loop
+    max_peers: int | None = None  # R2CCL_MAX_PEERS of the loop (None: the library's default)
 
     kind = "training"
 
@@ -117,7 +118,7 @@ class CollectiveLoop:
              algo: str | None = None) -> tuple[float, float]:
         full = float(cluster.nics_per_server)
         cl = [caps.get(s, full) for s in range(cluster.servers)]
-        return allreduce_seconds(cluster, self.nbytes, cl, plan, algo or self.algo)["seconds"], 1.0
+        return allreduce_seconds(cluster, self.nbytes, cl, plan, algo or self.algo, self.max_peers)["seconds"], 1.0
 
 
 @dataclasses.dataclass(frozen=True)
