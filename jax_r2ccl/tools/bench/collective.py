@@ -245,6 +245,16 @@ def main(args: argparse.Namespace) -> int:
     except Exception:  # noqa: BLE001 - no endpoint (one process): nothing stalled
         pass
     stalls = dist.gather("stalls", mine)
+    # Each process's NICs with a rail up at the end (the simulator's capacity of a host whose
+    # algorithm exchanged none, as the ring's): a NIC down for the run counts 0.
+    nics_up = None
+    try:
+        ep = runtime.current().endpoint
+        nics_up = len({s["local_nic"] for p in range(args.num_processes) if p != args.process_id
+                       for s in ep.rail_stats(p) if s["state"] == "up"})
+    except Exception:  # noqa: BLE001 - no endpoint (one process)
+        pass
+    nics_up = dist.gather("nics_up", nics_up)
     # When each process finished each size's loop (wall clock): under the ring, process 0 has
     # the result before the processes after it on the ring do.
     loop_end = {}
@@ -302,7 +312,7 @@ def main(args: argparse.Namespace) -> int:
                                                            "max_peers": Config.from_env().max_peers},
                                    "results": rows,
                                    "iterations": iterations, "loop_end_by_process": loop_ends,
-                                   "rail_stats": stats, "stalls": stalls,
+                                   "rail_stats": stats, "stalls": stalls, "nics_up_by_process": nics_up,
                                    "core": getattr(_core, "__file__", "")})
     dist.barrier("done")
     jax_r2ccl.shutdown()

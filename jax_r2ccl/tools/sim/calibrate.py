@@ -1,9 +1,11 @@
 """`python -m jax_r2ccl sim calibrate BENCH.json... --rate 500mbit`: the simulator's model of
 the test bed itself (hosts, NICs, tbf rate), set against what `bench allreduce --json`
 measured there. Each host's capacity (healthy NICs) comes from the JSON: the capacities the
-processes exchanged for the plan when there are three or more, else process 0's rails at the
-end of the run (a rail that is down removes its NIC; a rail the monitor weighs w < 0.6
-counts w, as in the monitor)."""
+processes exchanged for the plan when there are three or more (two_level: each group's,
+gathered by the bench), else each process's NICs with a rail up at the end of the run (as
+recorded since issue 38: the ring exchanges no capacity), else process 0's rails at the end
+of the run (a rail that is down removes its NIC; a rail the monitor weighs w < 0.6 counts w,
+as in the monitor)."""
 
 from __future__ import annotations
 
@@ -32,6 +34,9 @@ def capacities_of(bench: dict, row: dict) -> list[float]:
     world = int(bench["config"]["num_processes"])
     if len(caps) == world:
         return [float(c) for c in caps]
+    up = bench.get("nics_up_by_process") or []
+    if len(up) == world and all(isinstance(u, int) for u in up):   # (an algorithm that exchanged none: the ring)
+        return [float(u) for u in up]
     nics = len([n for n in str(bench["config"].get("nics") or "").split(",") if n.strip()])
     stats = bench.get("rail_stats") or {}
     if world != 2 or not stats:
