@@ -56,9 +56,14 @@ def test_connections_and_start_up_against_the_process_count_and_a_nic_lost_on_8_
                 group = rank // 4
                 want = sorted((set(range(group * 4, group * 4 + 4)) | {(rank + 4) % world}) - {rank})
                 assert out["algos"] == ["two_level"], out
-                assert out["start"]["opened"] == want and out["end"]["opened"] == want, (world, rank, out)
+                assert out["start"]["opened"] == want, (world, rank, out)
+                # Healthy, the groups' plans are equal and a range's owners across groups are the
+                # same column; once host 3 runs on one NIC its group's plan shifts the owners,
+                # and an owner also reaches the other group's owners of its range.
+                assert out["end"]["opened"] == want if not fault else set(want) <= set(out["end"]["opened"]), out
                 # issue 38's bound: 2 x rails x (group + 2) connections per host
                 assert out["start"]["rails_up"] == rails * len(want) <= 2 * rails * (4 + 2), (world, rank, out)
+                assert out["end"]["rails_up"] <= 2 * rails * (4 + 2), (world, rank, out)
             else:    # auto within R2CCL_MAX_PEERS: direct, a connection to every process
                 assert out["algos"] == ["direct"], out
                 assert out["start"]["rails_up"] == rails * (world - 1), (world, rank, out)
