@@ -61,10 +61,12 @@ def test_rail_fault_in_the_middle_of_an_all_reduce_is_bit_exact(fault):
 def test_rail_fault_in_the_middle_of_a_two_level_all_reduce_is_bit_exact(peer):
     # 4 processes, R2CCL_MAX_PEERS=2: two groups of two (auto: two_level). Rank 0's rail to its
     # group's other member, or to its column's owner in the other group (the running fold and
-    # the result cross there), closed 80 ms into a 64 MiB all-reduce.
-    cases = [("all_reduce", "float32", "sum", 16 << 20, 0)] * 2
-    rs = run_ranks("host_collective", 4, timeout=120, config={"max_peers": 2}, args={
-        "cases": cases, "rate": 40e6, "fault": {"case": 0, "after_s": 0.08, "rail": 1, "fault": "close", "peer": peer}})
+    # the result cross there), closed 80 ms into a 16 MiB all-reduce (4 rails at 10 MB/s each
+    # per peer: ~0.4 s). The call's timeout is 60 s: under ThreadSanitizer (test_sanitizers.py)
+    # four instrumented processes on two cores took over 10 s for a 64 MiB one.
+    cases = [("all_reduce", "float32", "sum", 4 << 20, 0)] * 2
+    rs = run_ranks("host_collective", 4, timeout=240, config={"max_peers": 2, "timeout_s": 60.0}, args={
+        "cases": cases, "rate": 10e6, "fault": {"case": 0, "after_s": 0.08, "rail": 1, "fault": "close", "peer": peer}})
     for r in rs:
         assert r["result"]["bad"] == [], r["result"]["bad"]
     assert rs[0]["result"]["stats"][str(peer)][1]["failures"] >= 1

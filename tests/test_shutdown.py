@@ -37,9 +37,12 @@ from jax_rank_main import _STARTUP_FAILURES, FAST, RAILS, _free_port, _package_p
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-# What a bad end prints: a rail failed for silence (an engine thread that stopped running its
-# timers), glibc's or a sanitizer's report of heap corruption.
-BAD_LINES = re.compile(r"silent for|corrupted|double free|free\(\)|AddressSanitizer|ThreadSanitizer|"
+# What a bad end prints: a rail failed for a second or more of silence (an engine thread that
+# stopped running its timers: issue 32's was 30 s), glibc's or a sanitizer's report of heap
+# corruption. (Three missed heartbeats, ~300 ms, is the failure detector's default meeting a
+# starved 2-core machine, not a bad end: CI saw "silent for 309 ms" at a run's start, the rails
+# back 370 ms later; BENCHMARKS.md's issue-32 section counts the same in 4 of 200 runs.)
+BAD_LINES = re.compile(r"silent for [0-9]{4,} ms|corrupted|double free|free\(\)|AddressSanitizer|ThreadSanitizer|"
                        r"runtime error:|Fatal Python error|Check failure")
 ROUND_LIMIT_S = 240 if SANITIZED else 60      # a hang is killed here, and fails the test
 SHUTDOWN_LIMIT_S = FAST["timeout_s"] / 2    # shutdown never waits out R2CCL_TIMEOUT here
