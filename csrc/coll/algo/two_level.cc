@@ -34,13 +34,29 @@ struct Range {
   uint64_t end() const { return off + n; }
 };
 
-// [a ∩ b] cut at multiples of `grid` (absolute element offsets), in order.
+// [a ∩ b] cut at multiples of `grid` (absolute element offsets) and, so that a pipeline
+// through ranges that start and end anywhere fills and drains in small steps, at grid/8,
+// grid/4 and grid/2 past the start and before the end of a and of b; in order. Symmetric in
+// a and b, so both ends of a message cut it alike, and a range's cuts are among those of
+// every message into it (a fold never spans two cells of a contribution).
 template <class F>
 void cells(Range a, Range b, uint64_t grid, F&& f) {
   uint64_t lo = std::max(a.off, b.off);
   const uint64_t hi = std::min(a.end(), b.end());
+  if (lo >= hi) return;
+  uint64_t taper[12];
+  size_t nt = 0;
+  for (const Range& r : {a, b})
+    for (const unsigned shift : {3u, 2u, 1u}) {
+      const uint64_t d = grid >> shift;
+      if (d == 0) continue;
+      taper[nt++] = r.off + d;
+      taper[nt++] = r.end() > d ? r.end() - d : 0;
+    }
   while (lo < hi) {
-    const uint64_t next = std::min(hi, (lo / grid + 1) * grid);
+    uint64_t next = std::min(hi, (lo / grid + 1) * grid);
+    for (size_t i = 0; i < nt; i++)
+      if (taper[i] > lo && taper[i] < next) next = taper[i];
     f(Range{lo, next - lo});
     lo = next;
   }
@@ -179,10 +195,36 @@ class TwoLevelAllReduce final : public Algorithm {
     return true;
   }
 
-  // The elements column j of group k owns (its group's shares, known).
+  // The elements column j of group k owns (its group's shares, known; bounds_ from post()).
   Range owned(int k, int j) const {
-    const std::vector<uint64_t> b = share_boundaries(shares_[static_cast<size_t>(k)], N_);
+    const std::vector<uint64_t>& b = bounds_[static_cast<size_t>(k)];
     return {b[static_cast<size_t>(j)], b[static_cast<size_t>(j) + 1] - b[static_cast<size_t>(j)]};
+  }
+
+  // The cells of the contributions to the range I of my group: a later group's are cut like
+  // the running fold they meet (its messages from the group before), so each fold finds one
+  // cell of every member's contribution; group 0's at the grid. Each with its turn: when the
+  // owner will fold it. Group 0 folds as the contributions come: offset order. A later group
+  // folds a cell when the running fold reaches it, and each owner in the group before
+  // produces its range from the start, all at about the same pace (the same contributors
+  // pace them): its distance from the start of that owner's range. With equal plans every
+  // range lies in one range of the group before, and this is offset order; with unequal ones
+  // (a host short of NICs owns less) offset order would hold back the cells the running fold
+  // needs first behind ones it reaches last, and a slow host's results with them
+  // (BENCHMARKS.md, issue 38).
+  std::vector<std::pair<Range, uint64_t>> contribution_cells(Range I) const {
+    std::vector<std::pair<Range, uint64_t>> out;
+    if (k_ == 0)
+      cells(I, Range{0, N_}, grid_, [&](Range r) { out.push_back({r, r.off}); });
+    else
+      against_group(I, kp_, [&](Range r, int x) { out.push_back({r, r.off - owned(kp_, x).off}); });
+    return out;
+  }
+
+  // The column of group kk whose range holds element e (< N_).
+  int column_at(int kk, uint64_t e) const {
+    const std::vector<uint64_t>& b = bounds_[static_cast<size_t>(kk)];
+    return static_cast<int>(std::upper_bound(b.begin() + 1, b.end(), e) - (b.begin() + 1));
   }
 
   // Every range r of `mine` held by group kk's owners: f(r, column).
@@ -201,69 +243,61 @@ class TwoLevelAllReduce final : public Algorithm {
   void post(Op& op) {
     posted_ = true;
     grid_ = op.piece_elems();
+    bounds_.assign(shares_.size(), {});
+    for (size_t kk = 0; kk < shares_.size(); kk++)
+      if (!shares_[kk].empty()) bounds_[kk] = share_boundaries(shares_[kk], N_);
     const size_t es = op.esize();
     const Range all{0, N_};
     const Range I = owned(k_, j_);
     uint8_t* out0 = static_cast<uint8_t*>(op.call().out[0]);
     const bool last = k_ == g_ - 1;
 
-    // My local sum's ranges to their owners in my group.
+    // My local sum's ranges to their owners in my group, in the order they fold them.
     for (int x = 0; x < m_; x++)
       if (x != j_)
-        cells(all, owned(k_, x), grid_, [&](Range r) {
+      {
+        std::vector<std::pair<Range, uint64_t>> cs = contribution_cells(owned(k_, x));
+        std::stable_sort(cs.begin(), cs.end(), [](const auto& a, const auto& b) { return a.second < b.second; });
+        for (const auto& [r, turn] : cs)
           op.send(member(op, k_, x), op.tag(Phase::kTwoContrib, r.off), op.at(S_, r.off), r.n * es);
-        });
-    // My group's contributions to what I own: per member, per cell of the grid.
-    std::vector<std::vector<Held>> contrib(static_cast<size_t>(m_));
+      }
+    // My group's contributions to what I own, per member and cell (contribution_cells).
+    const std::vector<std::pair<Range, uint64_t>> cc = I.n ? contribution_cells(I) : std::vector<std::pair<Range, uint64_t>>{};
+    std::vector<std::vector<int>> contrib(static_cast<size_t>(m_));
     std::vector<uint8_t*> contrib_buf(static_cast<size_t>(m_), nullptr);
     for (int x = 0; x < m_; x++) {
       if (x == j_ || I.n == 0) continue;
       contrib_buf[static_cast<size_t>(x)] = op.temp(I.n * es);
-      cells(I, all, grid_, [&](Range r) {
-        contrib[static_cast<size_t>(x)].push_back(
-            {r, op.recv(member(op, k_, x), op.tag(Phase::kTwoContrib, r.off),
-                        contrib_buf[static_cast<size_t>(x)] + (r.off - I.off) * es, r.n * es)});
-      });
+      for (const auto& [r, turn] : cc)
+        contrib[static_cast<size_t>(x)].push_back(op.recv(member(op, k_, x), op.tag(Phase::kTwoContrib, r.off),
+                                                          contrib_buf[static_cast<size_t>(x)] + (r.off - I.off) * es,
+                                                          r.n * es));
     }
-    // The running fold of the groups before mine, from their owners (group 0 starts it).
-    std::vector<Held> fold_in;
+    // The running fold of the groups before mine, from their owners (group 0 starts it), cut
+    // like the contributions.
     uint8_t* in_buf = k_ > 0 && I.n ? op.temp(I.n * es) : nullptr;
-    if (k_ > 0)
-      against_group(I, kp_, [&](Range r, int x) {
-        fold_in.push_back({r, op.recv(member(op, kp_, x), op.tag(Phase::kTwoFold, r.off), in_buf + (r.off - I.off) * es,
-                                      r.n * es)});
-      });
-    // The folds, one per range that arrives whole (a fold-in message, or a cell of the grid):
-    // the running fold, then my group's local sums in canonical order. The last group's land
-    // in the output; the others' go on to the next group.
+    // The folds, one per cell: the running fold, then my group's local sums in canonical
+    // order. The last group's land in the output; the others' go on to the next group.
     uint8_t* fold_buf = !last && I.n ? op.temp(I.n * es) : nullptr;
     std::vector<Held> folds;
-    auto fold = [&](Range f, int in_msg) {
+    for (size_t i = 0; i < cc.size(); i++) {
+      const Range f = cc[i].first;
       Op::Piece pc;
       pc.elems = f.n;
-      if (in_msg >= 0) {
+      if (k_ > 0) {
+        const int x = column_at(kp_, f.off);
         pc.src.push_back(in_buf + (f.off - I.off) * es);
-        pc.msg.push_back(in_msg);
+        pc.msg.push_back(op.recv(member(op, kp_, x), op.tag(Phase::kTwoFold, f.off), in_buf + (f.off - I.off) * es,
+                                 f.n * es));
       }
       for (int x = 0; x < m_; x++) {
-        if (x == j_) {
-          pc.src.push_back(op.at(S_, f.off));
-          pc.msg.push_back(-1);
-          continue;
-        }
-        const Held& c = *std::find_if(contrib[static_cast<size_t>(x)].begin(), contrib[static_cast<size_t>(x)].end(),
-                                      [&](const Held& h) { return h.r.off <= f.off && f.end() <= h.r.end(); });
-        pc.src.push_back(contrib_buf[static_cast<size_t>(x)] + (f.off - I.off) * es);
-        pc.msg.push_back(c.id);
+        pc.src.push_back(x == j_ ? op.at(S_, f.off) : contrib_buf[static_cast<size_t>(x)] + (f.off - I.off) * es);
+        pc.msg.push_back(x == j_ ? -1 : contrib[static_cast<size_t>(x)][i]);
       }
       pc.dest = last ? out0 + f.off * es : fold_buf + (f.off - I.off) * es;
       pc.acc = static_cast<uint8_t*>(pc.dest);   // never a source: S is a copy where it aliases out
       folds.push_back({f, op.add_piece(std::move(pc))});
-    };
-    if (k_ > 0)
-      for (const Held& h : fold_in) fold(h.r, h.id);
-    else
-      cells(I, all, grid_, [&](Range r) { fold(r, -1); });
+    }
     // The running fold on to the next group's owners.
     if (!last)
       against_group(I, kn_, [&](Range r, int x) {
@@ -329,6 +363,7 @@ class TwoLevelAllReduce final : public Algorithm {
   bool planned_ = false, my_plan_ = false, posted_ = false;
   const uint8_t* S_ = nullptr;
   std::vector<std::vector<double>> shares_;   // per group; the ones this process needs
+  std::vector<std::vector<uint64_t>> bounds_;   // their share_boundaries, once posted
   std::vector<PlanIn> plan_in_;
   std::vector<Out> outs_;
   size_t first_unsent_ = 0, unsent_ = 0;
