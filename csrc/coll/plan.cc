@@ -226,39 +226,44 @@ std::vector<double> plan_shares(PlanKind k, const std::vector<double>& c_in, dou
 }
 
 double predict_seconds(const std::vector<double>& shares, const std::vector<double>& c_in, double bytes,
-                       double nic_Bps, double alpha_s, double load) {
+                       double nic_Bps, double alpha_s, double load, double first_piece, int flows) {
   const size_t P = shares.size();
   if (P < 2 && load < 0) return 0;
   const std::vector<double> c = clamp_capacities(c_in);
   const double L = load < 0 ? static_cast<double>(P) - 2 : load;
+  const double piece = flows > 0 ? std::min(first_piece, bytes / flows) : 0;
   double worst = 0;
   for (size_t i = 0; i < P; i++) {
-    double moved = bytes * (1 + L * shares[i]);
-    worst = std::max(worst, moved / (c[i] * nic_Bps));
+    const double moved = bytes * (1 + L * shares[i]);
+    const double wait = flows * std::max(0.0, piece - shares[i] * bytes);
+    worst = std::max(worst, (moved + wait) / (c[i] * nic_Bps));
   }
   return worst + 2 * alpha_s;
 }
 
 PlanChoice choose_plan(PlanKind want, const std::vector<double>& c, double bytes, double nic_Bps, double alpha_s,
-                       double load) {
+                       double load, double first_piece, int flows) {
+  // The plans are ranked by the bandwidth term alone; the pipeline's start (at most one piece
+  // per owner) is in the time reported, not in the choice, so which plan runs does not
+  // depend on the piece size.
   PlanChoice best;
   if (want != PlanKind::kAuto) {
     best.kind = want;
     best.shares = plan_shares(want, c, load);
-    best.predicted_s = predict_seconds(best.shares, c, bytes, nic_Bps, alpha_s, load);
-    return best;
-  }
-  bool first = true;
-  for (PlanKind k : {PlanKind::kBalance, PlanKind::kR2cc, PlanKind::kWeighted, PlanKind::kOptimal}) {
-    std::vector<double> s = plan_shares(k, c, load);
-    double t = predict_seconds(s, c, bytes, nic_Bps, alpha_s, load);
-    if (first || t < best.predicted_s * (1 - 1e-9)) {   // ties keep the simpler plan
-      best.kind = k;
-      best.shares = std::move(s);
-      best.predicted_s = t;
-      first = false;
+  } else {
+    bool first = true;
+    for (PlanKind k : {PlanKind::kBalance, PlanKind::kR2cc, PlanKind::kWeighted, PlanKind::kOptimal}) {
+      std::vector<double> s = plan_shares(k, c, load);
+      double t = predict_seconds(s, c, bytes, nic_Bps, alpha_s, load);
+      if (first || t < best.predicted_s * (1 - 1e-9)) {   // ties keep the simpler plan
+        best.kind = k;
+        best.shares = std::move(s);
+        best.predicted_s = t;
+        first = false;
+      }
     }
   }
+  best.predicted_s = predict_seconds(best.shares, c, bytes, nic_Bps, alpha_s, load, first_piece, flows);
   return best;
 }
 
@@ -272,7 +277,8 @@ TwoLevelChoice choose_two_level(PlanKind want, const std::vector<double>& c_in, 
   double worst = 0;
   for (int k = 0; k < g; k++) {
     const std::vector<double> ck(c.begin() + k * m, c.begin() + (k + 1) * m);
-    out.groups.push_back(choose_plan(want, ck, bytes, nic_Bps, alpha_s, two_level_load(m, g, k)));
+    out.groups.push_back(choose_plan(want, ck, bytes, nic_Bps, alpha_s, two_level_load(m, g, k),
+                                     std::ldexp(piece_bytes, -static_cast<int>(kTwoLevelTaper)), m - 1));
     worst = std::max(worst, out.groups.back().predicted_s);
   }
   // The fill: a piece's running fold crosses g - 1 groups and its result g - 1 more.

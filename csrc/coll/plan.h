@@ -116,12 +116,24 @@ std::vector<double> plan_shares(PlanKind k, const std::vector<double>& c, double
 // owner, owners send results straight back): process i moves D(1 + (P-2) s_i) out and as much
 // in over capacity c_i * nic_Bps, full duplex; plus two message latencies. With `load` >= 0,
 // D(1 + load s_i) (a two_level group: two_level_load).
+// With `first_piece` > 0, the pipeline's start: a process's inbound carries its share's
+// contributions from the first moment, but results only once its first pieces (one to each of
+// its `flows` owners, side by side on its link) reached them and came back folded. A process
+// whose share of one contributor's data is below one piece (s_i D < p) waits for that:
+// flows (p - s_i D) / (c_i nic_Bps), p = min(first_piece, D / flows). 0 for a healthy plan
+// over a large vector; for a host short of NICs that owns nothing, one piece per owner over
+// its own link (docs/plans.md, "The pipeline's start"; choose_two_level applies it).
 double predict_seconds(const std::vector<double>& shares, const std::vector<double>& c, double bytes,
-                       double nic_Bps, double alpha_s, double load = -1);
+                       double nic_Bps, double alpha_s, double load = -1, double first_piece = 0, int flows = 0);
 
-// The plan to run: `want`, or for kAuto the one the model predicts fastest (ties: the simpler).
+// The plan to run: `want`, or for kAuto the one the model's bandwidth term predicts fastest
+// (ties: the simpler); predicted_s includes the pipeline's start (first_piece, flows).
 PlanChoice choose_plan(PlanKind want, const std::vector<double>& c, double bytes, double nic_Bps, double alpha_s,
-                       double load = -1);
+                       double load = -1, double first_piece = 0, int flows = 0);
+// two_level's cells are tapered at the ends of every range: the first and last grid cell of a
+// range are cut at 1/2^kTwoLevelTaper, ..., 1/4, 1/2 of the grid (coll/algo/two_level.cc), so
+// its pipeline starts with a piece of piece_bytes >> kTwoLevelTaper.
+inline constexpr unsigned kTwoLevelTaper = 3;
 
 // two_level over processes of capacities c (canonical order) in groups of m: each group's own
 // plan (choose_plan over its capacities with its two_level_load), and the time: the slowest

@@ -164,6 +164,24 @@ int main() {
   check(near(tls.predicted_s / tl_healthy, 2.0 / 1.75) && near(tls.groups[1].shares[1], 0.0) &&
             tls.groups[0].kind == PlanKind::kBalance,
         "two_level, a host at half: it owns nothing, 8/7 of healthy, the other group untouched");
+  // The pipeline's start (plan.h): a process whose share of one contributor's data is below
+  // a piece waits flows x (piece - s D) before its first result; none with healthy shares.
+  {
+    std::vector<double> x50(8, 1.0);
+    x50[3] = 0.5;
+    const double D = 64.0, piece = 1.0;   // MiB; one NIC = 1 MiB/s
+    const PlanChoice without = choose_plan(PlanKind::kOptimal, x50, D, 1.0, 0.0);
+    const PlanChoice with = choose_plan(PlanKind::kOptimal, x50, D, 1.0, 0.0, -1, piece, 7);
+    check(near(with.shares[3], 0.0) && near(with.predicted_s - without.predicted_s, 7 * piece / 0.5),
+          "pipeline start: a host owning nothing waits one piece per owner over its own link");
+    check(near(predict_seconds(std::vector<double>(8, 0.125), std::vector<double>(8, 1.0), D, 1.0, 0.0, -1, piece, 7),
+               predict_seconds(std::vector<double>(8, 0.125), std::vector<double>(8, 1.0), D, 1.0, 0.0)),
+          "pipeline start: nothing for healthy shares of a large vector");
+    const TwoLevelChoice t = choose_two_level(PlanKind::kAuto, x50, 4, D, 1.0, 0.0, piece);
+    const TwoLevelChoice t0 = choose_two_level(PlanKind::kAuto, x50, 4, D, 1.0, 0.0, 0.0);
+    check(near(t.groups[0].predicted_s - t0.groups[0].predicted_s, 3 * (piece / 8) / 0.5),
+          "pipeline start, two_level: an eighth of a piece (the taper) to each of m - 1 owners");
+  }
   check(near(choose_two_level(PlanKind::kBalance, std::vector<double>(12, 1.0), 4, 1.0, 1.0, 0.0, 0.0).predicted_s, 2.0),
         "two_level, three groups: the middle moves 2 D");
   check(doubling_partners(0, 8) == std::vector<int>({1, 2, 4, 6, 7}), "doubling partners of 8");

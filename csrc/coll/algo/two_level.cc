@@ -36,18 +36,18 @@ struct Range {
 
 // [a ∩ b] cut at multiples of `grid` (absolute element offsets) and, so that a pipeline
 // through ranges that start and end anywhere fills and drains in small steps, at grid/8,
-// grid/4 and grid/2 past the start and before the end of a and of b; in order. Symmetric in
-// a and b, so both ends of a message cut it alike, and a range's cuts are among those of
-// every message into it (a fold never spans two cells of a contribution).
+// grid/4 and grid/2 (plan.h: kTwoLevelTaper) past the start and before the end of a and of b;
+// in order. Symmetric in a and b, so both ends of a message cut it alike, and a range's cuts
+// are among those of every message into it (a fold never spans two cells of a contribution).
 template <class F>
 void cells(Range a, Range b, uint64_t grid, F&& f) {
   uint64_t lo = std::max(a.off, b.off);
   const uint64_t hi = std::min(a.end(), b.end());
   if (lo >= hi) return;
-  uint64_t taper[12];
+  uint64_t taper[4 * kTwoLevelTaper];
   size_t nt = 0;
   for (const Range& r : {a, b})
-    for (const unsigned shift : {3u, 2u, 1u}) {
+    for (unsigned shift = kTwoLevelTaper; shift > 0; shift--) {
       const uint64_t d = grid >> shift;
       if (d == 0) continue;
       taper[nt++] = r.off + d;
@@ -104,7 +104,10 @@ class TwoLevelAllReduce final : public Algorithm {
         const std::vector<double> caps = op.capacities();
         const std::vector<double> mine(caps.begin() + k_ * m_, caps.begin() + (k_ + 1) * m_);
         PlanChoice pc = choose_plan(op.plan_kind(), mine, static_cast<double>(N_ * op.esize()), 1.0, 0.0,
-                                    two_level_load(m_, g_, k_));
+                                    two_level_load(m_, g_, k_),
+                                    std::ldexp(static_cast<double>(op.piece_elems() * op.esize()),
+                                               -static_cast<int>(kTwoLevelTaper)),
+                                    m_ - 1);
         shares_[static_cast<size_t>(k_)] = pc.shares;
         op.record_plan(pc.kind, pc.shares, mine, group_processes(op));
         my_plan_ = true;
