@@ -48,6 +48,18 @@ SETTINGS: tuple[Setting, ...] = tuple(
     Setting(row["env"], row["field"], _KINDS[row["kind"]], row["doc"], row["default"]) for row in _core.settings())
 
 
+# Settings every process of a job must share before it dials a peer: the peers a process
+# connects to at start-up follow from them (_core.startup_peers), so processes that disagree
+# would wait for each other's rails until the bootstrap timeout. The bootstrap compares them.
+START_UP_FIELDS = ("algo", "max_peers")
+
+
+def start_up_settings(config) -> dict[str, Any]:
+    """START_UP_FIELDS of `config`, by their R2CCL_* names."""
+    env = {s.field: s.env for s in SETTINGS}
+    return {env[f]: getattr(config, f) for f in START_UP_FIELDS}
+
+
 def _read(env: dict[str, str] | None) -> dict[str, Any]:
     """The settings `env` sets (the process environment when None): field -> value."""
     if env is not None:

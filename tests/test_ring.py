@@ -108,6 +108,26 @@ def test_a_mismatch_under_two_level_is_a_clear_error_on_every_process_at_once():
     assert "told by process" in res[2]["result"]["error"], res[2]["result"]   # not a neighbour of process 1
 
 
+@pytest.mark.parametrize("setting,values", [("algo", ["ring", "direct", "ring", "ring"]),
+                                             ("max_peers", [2, 2, 3, 2])], ids=["algo", "max_peers"])
+def test_processes_started_with_different_start_up_settings_fail_at_once_naming_the_setting(setting, values):
+    """R2CCL_ALGO and R2CCL_MAX_PEERS decide which peers a process dials at start-up; processes
+    that disagree used to wait for each other's rails until the bootstrap timeout ("rails not up
+    after 30 s", naming neither). Now every process fails at start-up with a mismatch that
+    names the setting, both values and the process that differs, long before that timeout."""
+    from jax_r2ccl.config import SETTINGS
+    env = next(s.env for s in SETTINGS if s.field == setting)
+    res = run_ranks("barrier", 4, nics=LOOPBACK4[:2], timeout=60, expect_fail=True,
+                    config={"algo": "auto", "max_peers": 2, "bootstrap_timeout_s": 30.0},
+                    rank_config=[{setting: v} for v in values])
+    odd = values.index(next(v for v in values if values.count(v) == 1))
+    for rank, r in enumerate(res):
+        assert not r["ok"] and r["cause"] == "mismatch", (rank, r)
+        assert env in r["error"] and all(str(v) in r["error"] for v in set(values)), (rank, r["error"])
+        assert f"process {odd}" in r["error"] or rank == odd, (rank, r["error"])
+        assert r["peer"] >= 0, (rank, r)
+
+
 def test_back_to_back_large_all_reduces_under_every_algorithm():
     """Doubling posts a round's send once the slots it carries have arrived; an op whose fold
     completed between that look and its last check finished without the send, and its partner,

@@ -11,7 +11,7 @@ import time
 from typing import Protocol
 
 from .. import _core
-from ..config import Config
+from ..config import Config, start_up_settings
 from ..errors import R2cclError
 from .endpoint import Endpoint
 
@@ -51,6 +51,24 @@ class FileStore:
                 time.sleep(0.005)
 
 
+def _same_start_up(mine: dict, raw: bytes, rank: int, peer: int) -> None:
+    """Raises a mismatch naming the first start-up setting process `peer` has otherwise."""
+    try:
+        theirs = json.loads(raw.decode())
+    except (UnicodeDecodeError, ValueError):
+        theirs = None
+    if not isinstance(theirs, dict):
+        raise R2cclError(f"bootstrap: process {peer}'s start-up settings are malformed ({raw[:80]!r}); "
+                         "is every process running the same jax_r2ccl?", cause="protocol", peer=peer)
+    for name, value in mine.items():
+        if name not in theirs or theirs[name] != value:
+            other = repr(theirs[name]) if name in theirs else "no value (another jax_r2ccl version?)"
+            raise R2cclError(f"bootstrap: process {peer} started with {name}={other}, process {rank} (this one) "
+                             f"with {name}={value!r}; {name} decides which peers a process connects to at "
+                             f"start-up, so every process of a job must use the same value", cause="mismatch",
+                             peer=peer)
+
+
 def connect(store: KeyValueStore, rank: int, world: int, *, nics=None, config: Config | None = None,
             prefix: str = "r2ccl", timeout: float | None = None) -> Endpoint:
     """Opens an endpoint on this rank, publishes its addresses, connects to every other
@@ -68,6 +86,13 @@ def connect(store: KeyValueStore, rank: int, world: int, *, nics=None, config: C
             store.set(f"{prefix}/secret", secret)
         else:
             secret = store.get(f"{prefix}/secret", timeout)
+    # The settings that decide whom a process dials, compared before anyone dials: processes
+    # started with different ones fail here, every one of them, naming the setting.
+    mine = start_up_settings(config)
+    store.set(f"{prefix}/start-up/{rank}", json.dumps(mine).encode())
+    for peer in range(world):
+        if peer != rank:
+            _same_start_up(mine, store.get(f"{prefix}/start-up/{peer}", timeout), rank, peer)
     ep = Endpoint(rank, world, nics=nics, secret=secret, config=config)
     try:
         store.set(f"{prefix}/addr/{rank}", json.dumps(ep.addresses).encode())
