@@ -22,6 +22,13 @@ SANITIZED = bool(os.environ.get("R2CCL_SANITIZED_RUN"))
 
 FAST = dict(timeout_s=10.0, bootstrap_timeout_s=30.0, heartbeat_ms=100, stall_ms=200, reprobe_ms=100, connect_timeout_ms=1000,
             crc=True)
+# Instrumented processes (tests/test_sanitizers.py) run several times slower and start slower
+# still: under TSan a process descheduled for 300 ms at its start read as a dead rail ("silent
+# for 3xx ms (3 heartbeats missed)") and failed tests that count rail failures. The failure
+# detector's clock scales with them, as the emulated guests' does (test_verbs.GUEST_TIMERS).
+SANITIZED_TIMERS = dict(heartbeat_ms=300, stall_ms=600, reprobe_ms=300)
+if SANITIZED:
+    FAST.update(SANITIZED_TIMERS)
 
 
 def _package_parent() -> str:

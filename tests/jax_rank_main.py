@@ -27,6 +27,8 @@ RAILS = os.environ.get("R2CCL_TEST_RAILS", "127.0.0.1,127.0.0.2").split(",")
 # Fast failure detection; R2CCL_TIMEOUT (timeout_s) bounds a collective whose peers never come.
 FAST = dict(timeout_s=20.0, bootstrap_timeout_s=60.0, heartbeat_ms=100, stall_ms=500, reprobe_ms=100,
             connect_timeout_ms=2000)
+if os.environ.get("R2CCL_SANITIZED_RUN"):   # instrumented: the detector's clock scaled (harness.py)
+    FAST.update(heartbeat_ms=200, stall_ms=1000, reprobe_ms=200)   # (silences declared under 1 s: test_shutdown)
 
 
 from harness import RankFailed, wait_all  # noqa: E402  (one launcher for both kinds of test)
