@@ -231,12 +231,14 @@ void ChannelCore::fail_rail(int rail, FailReason reason, const std::string& why,
     return;
   }
   const bool abandoned = reason == FailReason::kAbandoned;   // not the rail's fault: not counted
-  R2_LOG(ch.bye_received || abandoned ? LogLevel::kInfo : LogLevel::kWarn,
+  // Nor is a rail that ends while either side closes the channel in order (no fault: INFO).
+  const bool orderly = abandoned || ch.closing || ch.bye_received;
+  R2_LOG(orderly ? LogLevel::kInfo : LogLevel::kWarn,
          "%s failed: %s; %zu unacknowledged chunk(s) move to other rails", rail_name(rail).c_str(), why.c_str(),
          static_cast<size_t>(std::count_if(ch.window.begin(), ch.window.end(),
                                            [&](auto& kv) { return kv.second.rail == r.index; })));
   r.state = RailState::kDown;
-  if (!abandoned) r.failures++;
+  if (!orderly) r.failures++;
   r.downs++;
   r.fences_told.clear();   // notices queued on this link are lost with it
   r.closed_by_peer = reason == FailReason::kClosedByPeer;
@@ -314,6 +316,17 @@ void ChannelCore::send_rail_state(int rail, bool up, int64_t now) {
       io_->kick(o->index);
       return;
     }
+}
+
+void ChannelCore::begin_close(Cause cause, const std::string& why, int64_t now) {
+  ch.closing = true;
+  if (ch.dead) return;
+  std::vector<std::shared_ptr<Request>> held(ch.sends.begin(), ch.sends.end());
+  for (auto& [k, req] : ch.posted) held.push_back(req);
+  for (auto& [id, m] : ch.inmsgs)
+    if (m.req) held.push_back(m.req);
+  for (auto& req : held)
+    if (!req->finished()) cancel(req, cause, why, now);
 }
 
 void ChannelCore::goodbye() {
@@ -801,8 +814,12 @@ void ChannelCore::control_frame(Rail& r, int64_t now) {
       return;
     }
     case FrameType::kBye:
-      R2_INFO("rank %d said goodbye on %s", ch.peer, rail_name(r.index).c_str());
+      // The peer closed its end in order: what it promised is delivered and acknowledged (its
+      // close waits for that), so the channel ends now; messages that arrived whole stay
+      // deliverable, and the peer sees our links close (its own close waits for that).
+      R2_INFO("%s said goodbye on %s", peer_name_.c_str(), rail_name(r.index).c_str());
       ch.bye_received = true;
+      kill(Cause::kPeerGone, peer_name_ + " closed its end of the connection (it said goodbye)");
       return;
     default:
       fail_rail(r.index, FailReason::kProtocol, "protocol error: handshake frame on an established rail", now);
@@ -1195,11 +1212,11 @@ void ChannelCore::tick(int64_t now, const std::vector<int64_t>& nic_drain_ns) {
     return;
   }
   if (ch.all_down_since == 0) ch.all_down_since = now;
-  bool ever_up = false;
-  for (auto& r : ch.rails) ever_up = ever_up || r->ever_up;
-  if (!ever_up) return;   // still starting up: the endpoint's wait_ready reports that
+  // Still starting up counts too: a request posted to a peer none of whose rails ever came up
+  // (its process never started, or an NCCL listener closed before it accepted) fails after
+  // R2CCL_TIMEOUT as one whose rails all went down does (the job's wait_ready fails sooner).
   if (ch.bye_received) {
-    kill(Cause::kPeerGone, "rank " + std::to_string(ch.peer) + " closed its r2ccl endpoint");
+    kill(Cause::kPeerGone, peer_name_ + " closed its end of the connection (it said goodbye)");
     return;
   }
   expire(now);
@@ -1214,9 +1231,13 @@ void ChannelCore::expire(int64_t now) {
     int64_t since = std::max(req->posted_ns, ch.all_down_since);
     if (!req->finished() && now - since > set_.timeout_ns) {
       std::string last;
-      for (auto& r : ch.rails)
+      bool ever_up = false;
+      for (auto& r : ch.rails) {
         last += "\n  " + rail_name(r->index) + ": " + (r->last_error.empty() ? "down" : r->last_error);
-      end_request(req, Cause::kAllRailsDown, "every rail to " + peer_name_ + " has been down for " +
+        ever_up = ever_up || r->ever_up;
+      }
+      end_request(req, Cause::kAllRailsDown, (ever_up ? "every rail to " + peer_name_ + " has been down for "
+                                                      : "no rail to " + peer_name_ + " has come up in ") +
                                                   std::to_string(down_ms) + " ms (R2CCL_TIMEOUT=" +
                                                   std::to_string(static_cast<double>(set_.timeout_ns) / 1e9) +
                                                   " s):" + last);

@@ -208,6 +208,7 @@ struct Channel {
   Cause dead_cause = Cause::kSystem;
   std::string dead_msg;
   bool bye_received = false;
+  bool closing = false;            // this side closes it in order (begin_close): its rails' ends are not faults
   int64_t active_ns = 0;           // the last tick that found it with work (tick)
   bool resting = false;            // nothing to do for rest_heartbeat_ns: heartbeats slow down
   int64_t all_down_since = 0;
@@ -357,8 +358,13 @@ class ChannelCore {
   void tick(int64_t now, const std::vector<int64_t>& nic_drain_ns);
   // Tells the peer, on an up rail of another NIC, that rail `rail`'s local link went down or up.
   void send_rail_state(int rail, bool up, int64_t now);
-  // Queues a goodbye on every up rail (the endpoint is closing), after every ack owed.
+  // Queues a goodbye on every up rail (the endpoint is closing), after every ack owed. The
+  // peer ends the channel when it reads one: nothing sent after it is promised.
   void goodbye();
+  // This side closes the channel in order: every unfinished request that holds its caller's
+  // memory (receives, sends not yet complete) ends with `cause`; eager sends, complete and
+  // copied, stay until acknowledged; from now on a rail that ends is logged as no fault.
+  void begin_close(Cause cause, const std::string& why, int64_t now);
   // Eager sends not yet acknowledged: asks the peer for its acks now (a heartbeat on every
   // up rail; the peer flushes its acks on one). Returns how many such sends remain.
   size_t request_acks(int64_t now);

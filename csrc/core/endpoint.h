@@ -95,9 +95,13 @@ class Endpoint : public std::enable_shared_from_this<Endpoint> {
   // collectives use).
   void add_peer(int peer, const std::vector<std::string>& addresses, bool open = true);
   void open(const std::vector<int>& peers);
-  // Says goodbye on the peer's rails, fails its pending requests (kClosed, `why`) and forgets
-  // it: the rails close and the peer may not be used again. A no-op for an unknown peer.
-  void remove_peer(int peer, const std::string& why);
+  // Closes the peer in order and returns at once: its requests that hold caller memory end
+  // now (kClosed, `why`); sends that already completed (eager: their bytes copied) are still
+  // delivered, bounded by R2CCL_TIMEOUT, then the peer hears goodbye and is forgotten
+  // (PeerIdentity::peer_removed). It may not be used again. A no-op for an unknown peer.
+  void close_peer(int peer, const std::string& why);
+  // Tests: the engine thread throws while handling `peer` (Engine::testing_throw_on).
+  void testing_throw_on(int peer);
   // The peers whose rails are wanted (opened), in rank order.
   std::vector<int> opened_peers();
   // Waits until every rail to every given peer is up. Throws Error(kTimeout) naming the

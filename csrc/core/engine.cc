@@ -231,7 +231,39 @@ void Engine::run_commands() {
     std::lock_guard<std::mutex> g(cmd_mu_);
     cmds.swap(cmds_);
   }
-  for (auto& c : cmds) c();
+  // (call()'s commands catch their own; a posted one that throws is a bug, contained here.)
+  for (auto& c : cmds) {
+    try {
+      c();
+    } catch (const std::exception& e) {
+      contain(nullptr, "a posted command", &e);
+    } catch (...) {
+      contain(nullptr, "a posted command", nullptr);
+    }
+  }
+}
+
+// No exception leaves the engine's work (NCCL's process must outlive any bug of ours): a
+// handler that throws fails the peer whose link or handshake it served, and the engine goes on.
+void Engine::guarded_event(Pollable* p, uint32_t ev) {
+  try {
+    on_event(p, ev);
+  } catch (const std::exception& e) {
+    guarded_failure(p, &e);
+  } catch (...) {
+    guarded_failure(p, nullptr);
+  }
+}
+
+void Engine::guarded_failure(Pollable* p, const std::exception* e) {
+  if (p->kind == Pollable::kRail) return contain(static_cast<Link*>(p->obj)->peer, "a rail's event", e);
+  if (p->kind == Pollable::kPending) {
+    auto* pd = static_cast<Pending*>(p->obj);
+    if (!pd->dead)
+      pending_reject(*pd, std::string("internal error during the handshake: ") + (e ? e->what() : "an unknown exception"));
+    return;
+  }
+  contain(nullptr, p->kind == Pollable::kListener ? "a listener's event" : "a wake-up", e);
 }
 
 Peer* Engine::peer(int rank) {
@@ -309,35 +341,96 @@ Peer& Engine::make_peer(int peer, const std::vector<PeerAddress>& addrs) {
   return c;
 }
 
-void Engine::remove_peer(int peer, const std::string& why) {
-  // Eager sends finished when copied: their bytes reach the peer before its rails close
-  // (bounded, as at shutdown: a peer that neither acks nor loses its rails is left).
-  const int64_t until = now_ns() + std::min<int64_t>(static_cast<int64_t>(cfg_.timeout_s * 1e9), kEagerDrainNs);
-  for (int round = 0;; round++) {
-    size_t left = 0;
-    call([&] {
-      auto it = peers_.find(peer);
-      if (it == peers_.end()) return;
-      Channel& c = it->second->ch();
-      if (c.dead || c.rails_up() == 0 || c.eager_sends.empty()) return;
-      left = round % 50 == 0 ? it->second->core->request_acks(now_ns()) : c.eager_sends.size();
-    });
-    if (left == 0 || now_ns() > until) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
+void Engine::close_peer(int peer, const std::string& why) {
   call([&] {
     auto it = peers_.find(peer);
-    if (it == peers_.end()) return;
-    Peer& pr = *it->second;
-    pr.core->goodbye();
-    for (auto& l : pr.links) {
-      Rail& r = pr.rail(l->index);
-      if (l->link && r.state == RailState::kUp && (r.cur.active || !r.ctrl.empty())) rail_flush(pr, *l);
-    }
-    pr.core->kill(Cause::kClosed, why);
-    for (auto& l : pr.links) drop_link(pr, *l, true);
-    peers_.erase(it);
+    if (it != peers_.end()) begin_close(*it->second, why, now_ns());
   });
+}
+
+void Engine::testing_throw_on(int peer) {
+  call([&] { throw_on_peer_ = peer; });
+}
+
+void Engine::begin_close(Peer& pr, const std::string& why, int64_t now) {
+  if (pr.closing != Peer::Closing::kOpen || pr.gone) return;
+  pr.close_why = why;
+  pr.close_deadline_ns = now + static_cast<int64_t>(cfg_.timeout_s * 1e9);
+  pr.closing = Peer::Closing::kDelivering;
+  pr.core->begin_close(Cause::kClosed, why, now);   // the caller's buffers are released here
+  open_peer(pr);   // a connection closed before its rails came up still tells the peer
+  step_close(pr, now);
+}
+
+void Engine::step_close(Peer& pr, int64_t now) {
+  Channel& ch = pr.ch();
+  if (pr.gone) return;
+  if (ch.dead) return finish_close(pr);
+  if (pr.closing == Peer::Closing::kDelivering) {
+    if (ch.rails_up() > 0 && ch.eager_sends.empty()) {
+      pr.closing = Peer::Closing::kSaidBye;
+      pr.bye_ns = now;
+      pr.core->goodbye();
+      return;
+    }
+    if (ch.rails_up() > 0 && now - pr.acks_asked_ns >= 50 * kMs) {   // the acks the peer holds back
+      pr.acks_asked_ns = now;
+      pr.core->request_acks(now);
+    }
+    if (now < pr.close_deadline_ns) return;
+    uint64_t bytes = 0;
+    for (auto& r : ch.eager_sends) bytes += r->len;
+    if (!ch.eager_sends.empty())
+      R2_WARN("closing %s: %zu completed send(s) (%llu bytes) not acknowledged within R2CCL_TIMEOUT (%.1f s): %s",
+              pr.core->peer_name().c_str(), ch.eager_sends.size(), static_cast<unsigned long long>(bytes),
+              cfg_.timeout_s, ch.rails_up() ? "the peer does not acknowledge" : "no rail to it is up");
+    else
+      R2_INFO("closing %s: no rail came up within R2CCL_TIMEOUT to tell the peer", pr.core->peer_name().c_str());
+    return finish_close(pr);
+  }
+  if (ch.rails_up() == 0 || now - pr.bye_ns >= std::min<int64_t>(kCloseLingerNs, pr.close_deadline_ns - pr.bye_ns))
+    finish_close(pr);
+}
+
+void Engine::finish_close(Peer& pr) {
+  if (pr.gone) return;
+  pr.core->kill(Cause::kClosed, pr.close_why.empty() ? "closed" : pr.close_why);
+  for (auto& l : pr.links) drop_link(pr, *l, true);
+  pr.gone = true;
+  reap_due_ = true;
+}
+
+void Engine::reap() {
+  if (!reap_due_) return;
+  reap_due_ = false;
+  for (auto it = peers_.begin(); it != peers_.end();) {
+    if (!it->second->gone) {
+      ++it;
+      continue;
+    }
+    const int id = it->first;
+    it = peers_.erase(it);
+    identity_->peer_removed(id);
+  }
+}
+
+void Engine::contain(Peer* pr, const char* where, const std::exception* e) {
+  const std::string what = std::string("internal error on the progress engine (") + where + "): " +
+                           (e ? e->what() : "an unknown exception");
+  if (!pr) {
+    R2_ERROR("%s; nothing was failed", what.c_str());
+    return;
+  }
+  R2_ERROR("%s: %s fails, the others go on", what.c_str(), pr->core->peer_name().c_str());
+  try {
+    pr->core->kill(Cause::kInternal, what);
+    for (auto& l : pr->links) drop_link(*pr, *l, true);
+  } catch (...) {
+  }
+  if (pr->closing != Peer::Closing::kOpen) {
+    pr->gone = true;
+    reap_due_ = true;
+  }
 }
 
 void Engine::open_peer(Peer& pr) {
@@ -434,7 +527,7 @@ void Engine::drop_link(Peer& pr, Link& l, bool was_up) {
 
 bool Engine::may_dial(const Peer& pr, const Link& l) const {
   const Rail& r = *pr.core->ch.rails[static_cast<size_t>(l.index)];
-  return pr.connector && pr.opened && l.fault != Fault::kClose && l.fault != Fault::kStall &&
+  return pr.connector && pr.opened && !pr.gone && pr.closing != Peer::Closing::kSaidBye && l.fault != Fault::kClose && l.fault != Fault::kStall &&
          !nic_down_[static_cast<size_t>(r.local_nic)];
 }
 
@@ -509,9 +602,9 @@ void Engine::run() {
     running.lock();
     end_test_lease(true);   // the poller stopped: the sockets are this thread's again
     for (int i = 0; i < w; i++)
-      if (woke[i].data.ptr) on_event(static_cast<Pollable*>(woke[i].data.ptr), woke[i].events);
+      if (woke[i].data.ptr) guarded_event(static_cast<Pollable*>(woke[i].data.ptr), woke[i].events);
     const int n = epoll_wait(epfd_, events, 64, 0);
-    for (int i = 0; i < n; i++) on_event(static_cast<Pollable*>(events[i].data.ptr), events[i].events);
+    for (int i = 0; i < n; i++) guarded_event(static_cast<Pollable*>(events[i].data.ptr), events[i].events);
     run_commands();
     int64_t now = now_ns();
     // Rails waiting only for rate-limit tokens.
@@ -528,6 +621,7 @@ void Engine::run() {
       next_tick_ns_ = now + tick_ns;
     }
     pendings_.remove_if([](const std::unique_ptr<Pending>& p) { return p->dead; });
+    reap();
   }
   run_commands();
   // Goodbye: tell every peer on every live rail, give the frames a moment to leave.
@@ -663,29 +757,44 @@ void Engine::tick(int64_t now) {
   share_windows(now);
   for (auto& [rank, prp] : peers_) {
     Peer& pr = *prp;
-    if (pr.ch().dead) continue;
-    for (auto& lp : pr.links) {
-      Link& l = *lp;
-      switch (pr.rail(l.index).state) {
-        case RailState::kConnecting:
-        case RailState::kHandshake:
-          if (now > l.attempt_deadline_ns) attempt_failed(pr, l, "connect/handshake timed out", false);
-          break;
-        case RailState::kDown:
-          if (now >= l.next_attempt_ns && may_dial(pr, l)) start_connect(pr, l);
-          break;
-        case RailState::kUp:
-          break;
-      }
+    try {
+      tick_peer(pr, now);
+    } catch (const std::exception& e) {
+      contain(&pr, "a peer's timers", &e);
+    } catch (...) {
+      contain(&pr, "a peer's timers", nullptr);
     }
-    // A link may hold off its readable event until a frame's piece is whole (a socket's
-    // receive low-water mark); what a slow rail has delivered of it still counts as life.
-    for (auto& lp : pr.links)
-      if (lp->link && pr.rail(lp->index).state == RailState::kUp && pr.rail(lp->index).rx.in_payload)
-        rail_readable(pr, *lp);
-    pr.core->tick(now, nic_drain_ns_);
-    check_peer_gone(pr, now);
   }
+}
+
+void Engine::tick_peer(Peer& pr, int64_t now) {
+  if (throw_on_peer_ == pr.rank) {
+    throw_on_peer_ = -1;
+    throw std::runtime_error("thrown by testing_throw_on");
+  }
+  if (pr.closing != Peer::Closing::kOpen) step_close(pr, now);
+  if (pr.ch().dead) return;
+  for (auto& lp : pr.links) {
+    Link& l = *lp;
+    switch (pr.rail(l.index).state) {
+      case RailState::kConnecting:
+      case RailState::kHandshake:
+        if (now > l.attempt_deadline_ns) attempt_failed(pr, l, "connect/handshake timed out", false);
+        break;
+      case RailState::kDown:
+        if (now >= l.next_attempt_ns && may_dial(pr, l)) start_connect(pr, l);
+        break;
+      case RailState::kUp:
+        break;
+    }
+  }
+  // A link may hold off its readable event until a frame's piece is whole (a socket's
+  // receive low-water mark); what a slow rail has delivered of it still counts as life.
+  for (auto& lp : pr.links)
+    if (lp->link && pr.rail(lp->index).state == RailState::kUp && pr.rail(lp->index).rx.in_payload)
+      rail_readable(pr, *lp);
+  pr.core->tick(now, nic_drain_ns_);
+  check_peer_gone(pr, now);
 }
 
 // Every rail is down: ends the channel promptly when the peer is evidently gone.
@@ -986,7 +1095,7 @@ bool Engine::caller_poll() {
   CallerScope scope(this, true);
   epoll_event events[16];
   const int n = epoll_wait(epfd_, events, 16, 0);
-  for (int i = 0; i < n; i++) on_event(static_cast<Pollable*>(events[i].data.ptr), events[i].events);
+  for (int i = 0; i < n; i++) guarded_event(static_cast<Pollable*>(events[i].data.ptr), events[i].events);
   return true;
 }
 
@@ -1089,7 +1198,8 @@ Endpoint::Endpoint(const Config& cfg, int rank, int world, const std::vector<std
                    std::unique_ptr<PeerIdentity> identity)
     : engine_(std::make_unique<Engine>(cfg, rank, world, nics, std::move(identity))) {}
 Endpoint::~Endpoint() = default;
-void Endpoint::remove_peer(int peer, const std::string& why) { engine_->remove_peer(peer, why); }
+void Endpoint::close_peer(int peer, const std::string& why) { engine_->close_peer(peer, why); }
+void Endpoint::testing_throw_on(int peer) { engine_->testing_throw_on(peer); }
 int Endpoint::rank() const { return engine_->rank(); }
 int Endpoint::world() const { return engine_->world(); }
 std::vector<std::string> Endpoint::addresses() const { return engine_->addresses(); }

@@ -1,8 +1,8 @@
-// The progress engine: one thread per endpoint that owns every socket, rail and channel.
-// Callers talk to it through posted commands; it sleeps in epoll when idle. It is the TCP
-// transport of the channels (channel.h): it dials, accepts and authenticates connections,
-// frames bytes in and out of them, keeps timers and hands frames and time to each peer's
-// ChannelCore. Knows nothing of collectives or JAX.
+// The progress engine: one thread per endpoint that owns every link, rail and channel.
+// Callers talk to it through posted commands; it sleeps in epoll when idle. It carries the
+// channels (channel.h) over the registry's transports (net/registry.h): it dials, accepts and
+// authenticates links, frames bytes in and out of them, keeps timers, closes peers in order
+// and hands frames and time to each peer's ChannelCore. Knows nothing of collectives or JAX.
 #pragma once
 #include <sys/epoll.h>
 
@@ -97,6 +97,19 @@ struct Peer final : RailIo {
   std::unique_ptr<ChannelCore> core;
   int64_t last_probe_ns = 0;       // acceptor side: last liveness probe of the peer's listener
   bool probe_listener = true;      // its listen addresses are known (not a peer added on its hello)
+  // An orderly close (Engine::close_peer), on the engine thread after the caller has gone:
+  //   kOpen -> kDelivering: every request that holds caller memory ended (kClosed); eager
+  //            sends (completed, their bytes copied) go on until acknowledged, rails are
+  //            dialled if none is up (the peer learns of the connection and of its close);
+  //   kDelivering -> kSaidBye: nothing left unacknowledged and a rail up: a goodbye on every
+  //            up rail, no re-dial; the links stay open for reading until the peer closes them;
+  //   kSaidBye -> gone: every rail down (the peer closed), or kCloseLingerNs after the bye;
+  //   either -> gone at close_deadline_ns (R2CCL_TIMEOUT after the close): what was not
+  //            acknowledged is logged at WARN with its count and bytes.
+  enum class Closing { kOpen, kDelivering, kSaidBye } closing = Closing::kOpen;
+  int64_t close_deadline_ns = 0, bye_ns = 0, acks_asked_ns = 0;
+  std::string close_why;
+  bool gone = false;               // closed: erased at the end of the engine's turn (Engine::reap)
 
   Channel& ch() { return core->ch; }
   Rail& rail(int i) { return *core->ch.rails[static_cast<size_t>(i)]; }
@@ -153,9 +166,14 @@ class Engine {
 
   // Declares a peer; with `open`, its rails start connecting now, else on first use (open()).
   void add_peer(int peer, const std::vector<std::string>& addrs, bool open = true);
-  // Any thread but the engine's: says goodbye on the peer's rails, fails its pending requests
-  // (kClosed, `why`) and forgets it (an NCCL plugin's closed connection). No-op if unknown.
-  void remove_peer(int peer, const std::string& why);
+  // Any thread but the engine's; returns at once (one short command): ends the peer's requests
+  // that hold caller memory (kClosed, `why`), then closes it in order on the engine thread
+  // (Peer::Closing): completed eager sends are delivered first, bounded by R2CCL_TIMEOUT; the
+  // identity hears PeerIdentity::peer_removed when it is gone. No-op if unknown or closing.
+  void close_peer(int peer, const std::string& why);
+  // Tests: the engine thread throws while handling `peer` at its next tick (as a bug would):
+  // that peer's channel fails with kInternal, everything else goes on.
+  void testing_throw_on(int peer);
   // Any thread: the peers' rails start connecting (a no-op for a peer already open).
   void open(const std::vector<int>& peers);
   // Peers whose rails are wanted (opened), in rank order. Any thread.
@@ -212,7 +230,10 @@ class Engine {
   void run();
   void run_commands();
   void on_event(Pollable* p, uint32_t ev);
+  void guarded_event(Pollable* p, uint32_t ev);   // on_event, a throw contained (contain)
+  void guarded_failure(Pollable* p, const std::exception* e);
   void tick(int64_t now);
+  void tick_peer(Peer& pr, int64_t now);
   void share_windows(int64_t now);
   int next_timeout_ms(int64_t now) const;
   void collect_stats(const Peer& pr, int64_t now, double unix_now, std::vector<RailStats>& out) const;
@@ -255,6 +276,12 @@ class Engine {
 
   // peers
   Peer* peer(int rank);
+  void begin_close(Peer& pr, const std::string& why, int64_t now);
+  void step_close(Peer& pr, int64_t now);
+  void finish_close(Peer& pr);
+  void reap();                    // erases peers marked gone (after the turn's events)
+  // What the engine thread does when a handler throws: the peer concerned fails, not the process.
+  void contain(Peer* pr, const char* where, const std::exception* e);
   void check_peer_gone(Peer& pr, int64_t now);
   bool probe_refused(Peer& pr);
 
@@ -294,6 +321,8 @@ class Engine {
   std::vector<std::function<void()>> cmds_;
 
   std::map<int, std::unique_ptr<Peer>> peers_;
+  bool reap_due_ = false;          // a peer is marked gone
+  int throw_on_peer_ = -1;         // testing_throw_on
   std::list<std::unique_ptr<Pending>> pendings_;
   int64_t stranger_window_ns_ = 0;   // stranger_log: the current window, lines shown, lines held back
   int stranger_shown_ = 0;

@@ -173,7 +173,11 @@ Peer* Engine::admitted_peer(Pending& p) {
   const HelloBody& h = p.hs.hello();
   const int id = identity_->admit_new(HelloIds{h.job_id, h.from_rank, h.to_rank});
   auto it = peers_.find(id);
-  if (it != peers_.end()) return it->second.get();
+  if (it != peers_.end()) {
+    if (!it->second->gone) return it->second.get();
+    pending_reject(p, "its connection was closed during the handshake", true);
+    return nullptr;
+  }
   if (id < 0) {
     pending_reject(p, "the identity admitted no peer for this hello");
     return nullptr;
@@ -194,9 +198,20 @@ Peer* Engine::admitted_peer(Pending& p) {
 }
 
 void Engine::admit(Pending& p) {
-  Peer* found = p.hs.peer() >= 0 ? peers_.at(p.hs.peer()).get() : admitted_peer(p);
+  Peer* found = nullptr;
+  if (p.hs.peer() >= 0) {
+    // The peer named at the hello may have been closed while the proof was on its way.
+    auto it = peers_.find(p.hs.peer());
+    if (it == peers_.end() || it->second->gone)
+      return pending_reject(p, "its connection was closed during the handshake", true);
+    found = it->second.get();
+  } else {
+    found = admitted_peer(p);
+  }
   if (!found) return;
   Peer& pr = *found;
+  if (pr.closing == Peer::Closing::kSaidBye)
+    return pending_reject(p, pr.core->peer_name() + " is closing (goodbye said)", true);
   const int idx = static_cast<int>(p.hs.hello().rail);
   if (p.hs.peer() < 0) {   // (checked at the hello for a peer known then)
     if (idx >= static_cast<int>(pr.links.size()) || pr.rail(idx).local_nic != p.nic)
@@ -223,6 +238,10 @@ void Engine::admit(Pending& p) {
   epoll_mod(l.link->wait_fd(), &l.poll, EPOLLIN);
   p.dead = true;
   link_up(pr, l, false);   // the connector trusts us when it reads the welcome: its next frame says so
+  // Admitted for a listen that was closed meanwhile (PeerIdentity::wanted): the dialler learns
+  // of the close from our goodbye instead of re-dialling until its timeout.
+  if (pr.closing == Peer::Closing::kOpen && !identity_->wanted(pr.rank))
+    begin_close(pr, "its listen was closed before it was accepted", now_ns());
 }
 
 // ---------------------------------------------------------------- connector side

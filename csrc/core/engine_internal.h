@@ -27,6 +27,9 @@ constexpr int kAcceptBatch = 16;
 constexpr int kStrangerLogLines = 8;
 constexpr int64_t kStrangerLogWindowNs = 10000 * kMs;
 constexpr int64_t kEagerDrainNs = 5000 * kMs;   // most a close waits for eager sends to be acked (or R2CCL_TIMEOUT)
+// How long a closed peer's links stay open after its goodbye, for the peer to close them
+// first (its close reads our bye before our sockets go: no reset, no rail failure logged).
+constexpr int64_t kCloseLingerNs = 2000 * kMs;
 // How long after a caller's last test() the engine thread stays off the sockets (the test
 // lease, engine.h). epoll's clock is in ms, so the engine thread looks again 1-2 ms after a
 // caller stops polling without waiting.

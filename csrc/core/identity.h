@@ -42,6 +42,11 @@ class PeerIdentity {
   // The peer of a proven hello that accept_hello named none for: the same for every rail of one
   // dialler's connection (same domain and from), a new one for its first (-1: refuse).
   virtual int admit_new(const HelloIds&) { return -1; }
+  // Whether an admitted peer is still wanted; false: the engine closes it in order at once (the
+  // NCCL plugin: a dialler whose listen was closed before its first rail came: it hears goodbye).
+  virtual bool wanted(int) const { return true; }
+  // The engine has forgotten `peer` (its close finished): an identity may drop what it keeps.
+  virtual void peer_removed(int) {}
 };
 
 // The job's identity: ranks 0..world-1, the job id derived from the secret.

@@ -517,12 +517,15 @@ abi::Result NetPlugin::test(void* request, int* done, int* sizes) {
   return r;
 }
 
+// A closed comm goes in order on the engine thread (Engine::close_peer): this returns once its
+// requests no longer touch NCCL's buffers; sends test() reported done are still delivered.
 abi::Result NetPlugin::close_send(void* send_comm) {
   auto* c = static_cast<Comm*>(send_comm);
-  c->ep->remove_peer(c->peer, "NCCL closed the send connection");
-  {
-    std::lock_guard<std::mutex> g(mu_);
-    if (identity_) identity_->forget(c->peer);
+  try {
+    c->ep->close_peer(c->peer, c->kind == Comm::kSend ? "NCCL closed the send connection"
+                                                       : "NCCL closed the receive connection");
+  } catch (const Error& e) {   // the endpoint closed already (finalize first): nothing to touch
+    log(abi::kLogInfo, "close of NCCL connection " + std::to_string(c->peer) + ": " + e.what());
   }
   for (Request* w : c->open) delete w;   // the endpoint no longer touches their buffers
   delete c;
@@ -539,9 +542,10 @@ abi::Result NetPlugin::close_listen(void* listen_comm) {
     if (identity_) never_accepted = identity_->close_listen(c->listen_id);
   }
   for (int peer : never_accepted) {
-    c->ep->remove_peer(peer, "its listen was closed before NCCL accepted it");
-    std::lock_guard<std::mutex> g(mu_);
-    if (identity_) identity_->forget(peer);
+    try {
+      c->ep->close_peer(peer, "its listen was closed before NCCL accepted it");
+    } catch (const Error&) {
+    }
   }
   delete c;
   return abi::kSuccess;

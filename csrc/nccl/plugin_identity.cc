@@ -23,9 +23,18 @@ std::deque<int> PluginIdentity::close_listen(uint64_t listen_id) {
   std::lock_guard<std::mutex> g(mu_);
   std::deque<int> left;
   auto it = listens_.find(listen_id);
-  if (it != listens_.end()) {
-    left = std::move(it->second.arrived);
-    listens_.erase(it);
+  if (it == listens_.end() || it->second.closed) return left;
+  left = std::move(it->second.arrived);
+  it->second.arrived.clear();
+  it->second.closed = true;
+  for (int peer : left) {
+    auto c = conns_.find(peer);
+    if (c != conns_.end()) c->second.wanted = false;
+  }
+  closed_order_.push_back(listen_id);
+  while (closed_order_.size() > kClosedListensKept) {
+    listens_.erase(closed_order_.front());
+    closed_order_.pop_front();
   }
   return left;
 }
@@ -33,7 +42,7 @@ std::deque<int> PluginIdentity::close_listen(uint64_t listen_id) {
 int PluginIdentity::next_arrival(uint64_t listen_id) {
   std::lock_guard<std::mutex> g(mu_);
   auto it = listens_.find(listen_id);
-  if (it == listens_.end() || it->second.arrived.empty()) return -1;
+  if (it == listens_.end() || it->second.closed || it->second.arrived.empty()) return -1;
   const int peer = it->second.arrived.front();
   it->second.arrived.pop_front();
   return peer;
@@ -96,7 +105,7 @@ std::string PluginIdentity::accept_hello(const HelloIds& h, int* peer, const std
     return {};
   }
   auto l = listens_.find(h.domain);
-  if (l == listens_.end()) return "hello for no open listen of this process (closed, or another process's)";
+  if (l == listens_.end()) return "hello for no listen of this process (another process's, or closed long ago)";
   if (h.to < 1 || h.to > kMaxDiallerNics) return "hello from a dialler with " + std::to_string(h.to) + " NICs";
   *peer = -1;   // known once it proved the key (admit_new)
   *key = &l->second.key;
@@ -109,12 +118,18 @@ int PluginIdentity::admit_new(const HelloIds& h) {
   auto a = accepted_.find({h.domain, h.from});
   if (a != accepted_.end()) return a->second;
   auto l = listens_.find(h.domain);
-  if (l == listens_.end()) return -1;   // closed while the handshake ran
+  if (l == listens_.end()) return -1;   // closed long ago (forgotten) while the handshake ran
   const int peer = next_peer_++;
-  conns_[peer] = Conn{false, h.domain, h.from, h.to, l->second.key};
+  conns_[peer] = Conn{false, h.domain, h.from, h.to, l->second.key, !l->second.closed};
   accepted_[{h.domain, h.from}] = peer;
-  l->second.arrived.push_back(peer);
+  if (!l->second.closed) l->second.arrived.push_back(peer);
   return peer;
+}
+
+bool PluginIdentity::wanted(int peer) const {
+  std::lock_guard<std::mutex> g(mu_);
+  auto it = conns_.find(peer);
+  return it != conns_.end() && it->second.wanted;
 }
 
 }  // namespace r2ccl::nccl
