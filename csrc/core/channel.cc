@@ -26,13 +26,13 @@ constexpr uint64_t kMinChunkBytes = 16 << 10;   // smallest chunk a low-weight r
 constexpr int kMaxProtocolErrors = 8;
 constexpr int kLazyAckChunks = 16;             // eager chunks whose acks wait at most (zero-byte ones too)
 
-std::string size_mismatch(int peer, uint64_t sent, uint64_t tag, uint64_t expects) {
-  return "rank " + std::to_string(peer) + " sent " + std::to_string(sent) + " bytes with tag " + std::to_string(tag) +
+std::string size_mismatch(const std::string& peer, uint64_t sent, uint64_t tag, uint64_t expects) {
+  return peer + " sent " + std::to_string(sent) + " bytes with tag " + std::to_string(tag) +
          " but this receive expects " + std::to_string(expects);
 }
 
-std::string abandoned(int peer, bool mismatch) {
-  return "rank " + std::to_string(peer) +
+std::string abandoned(const std::string& peer, bool mismatch) {
+  return peer +
          (mismatch ? " abandoned this message: its collective did not match another process's (mismatch)"
                    : " abandoned this message (its send was cancelled or timed out)");
 }
@@ -186,6 +186,7 @@ void ChannelCore::rail_up(int rail, int64_t now) {
   r.state = RailState::kUp;
   r.ever_up = true;
   r.closed_by_peer = false;
+  r.said_bye = false;
   r.last_rx_ns = r.last_tx_ns = r.last_ack_ns = r.progress_ns = r.changed_ns = now;
   r.peer_resting = r.rest_announced = false;   // a new connection: neither end has said anything
   r.vtime = ch.vclock;
@@ -667,7 +668,7 @@ InMsg* ChannelCore::open_inmsg(const FrameHeader& h) {
     auto req = p->second;
     ch.posted.erase(p);
     if (!req->takes(h.msg_len)) {
-      end_request(req, Cause::kMismatch, size_mismatch(ch.peer, h.msg_len, h.tag, req->len));
+      end_request(req, Cause::kMismatch, size_mismatch(peer_name_, h.msg_len, h.tag, req->len));
       m.discard = true;
     } else {
       m.req = req;
@@ -725,7 +726,7 @@ void ChannelCore::data_frame(Rail& r) {
   }
   m->received += h.payload_len;
   if (m->aborted && m->req) {
-    end_request(m->req, abandoned_cause(m->abort_mismatch), abandoned(ch.peer, m->abort_mismatch));
+    end_request(m->req, abandoned_cause(m->abort_mismatch), abandoned(peer_name_, m->abort_mismatch));
     m->req.reset();
     m->discard = true;
     redirect_to_scratch(h.msg_id);
@@ -813,14 +814,20 @@ void ChannelCore::control_frame(Rail& r, int64_t now) {
       pump(now);   // a send that waited for it goes now
       return;
     }
-    case FrameType::kBye:
+    case FrameType::kBye: {
       // The peer closed its end in order: what it promised is delivered and acknowledged (its
-      // close waits for that), so the channel ends now; messages that arrived whole stay
-      // deliverable, and the peer sees our links close (its own close waits for that).
+      // close waits for that). Its goodbye follows the acks it owed on each rail, so the channel
+      // ends once every up rail has said it (frames still on a sibling are read first);
+      // messages that arrived whole stay deliverable, and the peer sees our links close (its
+      // own close waits for that, or for its linger).
       R2_INFO("%s said goodbye on %s", peer_name_.c_str(), rail_name(r.index).c_str());
       ch.bye_received = true;
-      kill(Cause::kPeerGone, peer_name_ + " closed its end of the connection (it said goodbye)");
+      r.said_bye = true;
+      bool all = true;
+      for (auto& o : ch.rails) all = all && (o->state != RailState::kUp || o->said_bye);
+      if (all) kill(Cause::kPeerGone, peer_name_ + ": the peer closed its end (it said goodbye)");
       return;
+    }
     default:
       fail_rail(r.index, FailReason::kProtocol, "protocol error: handshake frame on an established rail", now);
       return;
@@ -840,7 +847,7 @@ void ChannelCore::finish_inmsg(uint64_t msg_id) {
     for (auto& [off, v] : m.chunks)
       if (!v.empty()) std::memcpy(m.req->buf + off, v.data(), v.size());   // inside: decode_header checked
   if (!m.req->takes(m.len)) {
-    end_request(m.req, Cause::kMismatch, size_mismatch(ch.peer, m.len, m.tag, m.req->len));
+    end_request(m.req, Cause::kMismatch, size_mismatch(peer_name_, m.len, m.tag, m.req->len));
   } else {
     m.req->received = m.len;
     m.req->finish_ok();
@@ -959,12 +966,12 @@ void ChannelCore::post_recv(const std::shared_ptr<Request>& req) {
   ch.unexpected.erase(u);
   InMsg& m = ch.inmsgs.at(msg_id);
   if (m.aborted) {
-    end_request(req, abandoned_cause(m.abort_mismatch), abandoned(ch.peer, m.abort_mismatch));
+    end_request(req, abandoned_cause(m.abort_mismatch), abandoned(peer_name_, m.abort_mismatch));
     m.discard = true;
     return;
   }
   if (!req->takes(m.len)) {
-    end_request(req, Cause::kMismatch, size_mismatch(ch.peer, m.len, req->tag, req->len));
+    end_request(req, Cause::kMismatch, size_mismatch(peer_name_, m.len, req->tag, req->len));
     m.discard = true;
     redirect_to_scratch(msg_id);
     m.chunks.clear();
@@ -1216,7 +1223,7 @@ void ChannelCore::tick(int64_t now, const std::vector<int64_t>& nic_drain_ns) {
   // (its process never started, or an NCCL listener closed before it accepted) fails after
   // R2CCL_TIMEOUT as one whose rails all went down does (the job's wait_ready fails sooner).
   if (ch.bye_received) {
-    kill(Cause::kPeerGone, peer_name_ + " closed its end of the connection (it said goodbye)");
+    kill(Cause::kPeerGone, peer_name_ + ": the peer closed its end (it said goodbye)");
     return;
   }
   expire(now);

@@ -125,6 +125,7 @@ struct Rail {
   // echo on this rail, that it beats slowly; this end said so on this rail (only then may it).
   bool peer_resting = false, rest_announced = false;
   bool closed_by_peer = false;     // the established connection ended by EOF or reset (not silence)
+  bool said_bye = false;           // the peer's goodbye came on it: nothing follows on this rail
 
   uint64_t tx_bytes = 0, rx_bytes = 0, tx_chunks = 0, rx_chunks = 0, acked_bytes = 0;
   uint64_t retransmitted = 0, failures = 0, recoveries = 0, stalls = 0;

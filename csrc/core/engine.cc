@@ -349,7 +349,7 @@ void Engine::close_peer(int peer, const std::string& why) {
 }
 
 void Engine::testing_throw_on(int peer) {
-  call([&] { throw_on_peer_ = peer; });
+  call([&] { throw_on_peers_.insert(peer); });
 }
 
 void Engine::begin_close(Peer& pr, const std::string& why, int64_t now) {
@@ -768,10 +768,8 @@ void Engine::tick(int64_t now) {
 }
 
 void Engine::tick_peer(Peer& pr, int64_t now) {
-  if (throw_on_peer_ == pr.rank) {
-    throw_on_peer_ = -1;
+  if (!throw_on_peers_.empty() && throw_on_peers_.erase(pr.rank))
     throw std::runtime_error("thrown by testing_throw_on");
-  }
   if (pr.closing != Peer::Closing::kOpen) step_close(pr, now);
   if (pr.ch().dead) return;
   for (auto& lp : pr.links) {

@@ -14,6 +14,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -322,7 +323,7 @@ class Engine {
 
   std::map<int, std::unique_ptr<Peer>> peers_;
   bool reap_due_ = false;          // a peer is marked gone
-  int throw_on_peer_ = -1;         // testing_throw_on
+  std::set<int> throw_on_peers_;   // testing_throw_on
   std::list<std::unique_ptr<Pending>> pendings_;
   int64_t stranger_window_ns_ = 0;   // stranger_log: the current window, lines shown, lines held back
   int stranger_shown_ = 0;

@@ -94,10 +94,12 @@ void Engine::pending_read(Pending& p) {
       if (c.moved) p.rx.hdr_got += c.moved;
       if (c.kind == LinkCompletion::kNone) return;
       if (c.kind != LinkCompletion::kHeader) {
-        // A dial that closes without a byte (a liveness probe, a port check) is not an intruder.
+        // A dial that closes without a byte (a liveness probe, a port check) is not an intruder,
+        // nor is a dialler that gave up after a valid hello (its connection was closed).
         const LinkFailure& f = p.link->failure();
         const bool eof = f.error == LinkError::kClosedByPeer && f.sys_error == 0;
-        const bool quiet = eof && p.hs.awaits_hello() && p.rx.hdr_got == 0;
+        const bool quiet = (eof && p.hs.awaits_hello() && p.rx.hdr_got == 0) ||
+                           (f.error == LinkError::kClosedByPeer && !p.hs.awaits_hello());
         pending_reject(p, eof ? "closed before the handshake finished" : "read error: " + f.detail, quiet);
         return;
       }
@@ -149,7 +151,8 @@ void Engine::pending_hello(Pending& p) {
       return;
     }
     Peer& pr = *it->second;
-    if (pr.ch().dead) return pending_reject(p, "channel to " + pr.core->peer_name() + " is closed");
+    if (pr.ch().dead || pr.gone || pr.closing == Peer::Closing::kSaidBye)   // a re-dial that crossed our close
+      return pending_reject(p, "channel to " + pr.core->peer_name() + " is closed", true);
     if (h.rail >= pr.links.size()) return pending_reject(p, "hello names rail " + std::to_string(h.rail) + " that does not exist");
     const Link& l = *pr.links[h.rail];
     if (pr.rail(static_cast<int>(h.rail)).local_nic != p.nic)
@@ -216,7 +219,7 @@ void Engine::admit(Pending& p) {
   if (p.hs.peer() < 0) {   // (checked at the hello for a peer known then)
     if (idx >= static_cast<int>(pr.links.size()) || pr.rail(idx).local_nic != p.nic)
       return pending_reject(p, "rail " + std::to_string(idx) + " arrived on the wrong NIC");
-    if (pr.ch().dead) return pending_reject(p, "channel to " + pr.core->peer_name() + " is closed");
+    if (pr.ch().dead) return pending_reject(p, "channel to " + pr.core->peer_name() + " is closed", true);
   }
   Link& l = *pr.links[static_cast<size_t>(idx)];
   const Rail& r = pr.rail(idx);

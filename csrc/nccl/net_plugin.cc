@@ -31,7 +31,7 @@ struct NetPlugin::Comm {
   const Kind kind;
   const std::shared_ptr<Endpoint> ep;
   uint64_t listen_id = 0;         // kListen
-  int64_t listen_since_ns = 0;    // kListen: when accept() was first asked
+  std::atomic<int64_t> listen_since_ns{0};   // kListen: when accept() was first asked (threads may share a listen)
   int peer = -1;                  // kSend, kRecv
   std::atomic<uint64_t> next_tag{0};
   std::mutex mu;
@@ -294,6 +294,14 @@ void NetPlugin::apply_fault(const std::string& line) {
     if (what == "nic_down" || what == "nic_up") {
       ep->set_nic_state(index, what == "nic_up", "test fault (" + std::string(kFaultFileEnv) + ")");
       hit = 1;
+    } else if (what == "throw") {
+      for (int peer : ep->peers()) {
+        try {
+          ep->testing_throw_on(peer);
+          hit++;
+        } catch (const Error&) {
+        }
+      }
     } else {
       const Fault fault = what == "close" ? Fault::kClose : what == "stall" ? Fault::kStall : Fault::kNone;
       if (what != "close" && what != "stall" && what != "heal") {
@@ -410,8 +418,10 @@ abi::Result NetPlugin::accept(void* listen_comm, void** recv_comm) {
   }
   if (peer < 0) {
     const int64_t now = now_ns();
-    if (l->listen_since_ns == 0) l->listen_since_ns = now;
-    if (static_cast<double>(now - l->listen_since_ns) / 1e9 > accept_timeout_s_)
+    int64_t since = 0;
+    if (!l->listen_since_ns.compare_exchange_strong(since, now)) since = l->listen_since_ns.load();
+    else since = now;
+    if (static_cast<double>(now - since) / 1e9 > accept_timeout_s_)
       return fail(abi::kRemoteError, "accept: no connection came for " + std::to_string(accept_timeout_s_) +
                                          " s (R2CCL_BOOTSTRAP_TIMEOUT); is the sender's plugin reaching these addresses?");
     return abi::kSuccess;   // not yet: NCCL calls again

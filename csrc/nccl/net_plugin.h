@@ -84,7 +84,9 @@ class NetPlugin {
   // Test-only fault injection from outside NCCL (docs/design.md §12): when
   // R2CCL_TEST_FAULT_FILE names a file, a thread reads it whenever it changes and applies each
   // line to the running plugin: "close R", "stall R", "heal R" (rail R of every connection),
-  // "nic_down N", "nic_up N" (local NIC N, as the health monitor declares it). Each applied
+  // "nic_down N", "nic_up N" (local NIC N, as the health monitor declares it), "throw" (the
+  // engine thread throws while handling each connection open now: they fail, the process and
+  // later connections go on; Engine::testing_throw_on). Each applied
   // line is logged ("test fault: ...") through NCCL's logger.
   static constexpr char kFaultFileEnv[] = "R2CCL_TEST_FAULT_FILE";
 
