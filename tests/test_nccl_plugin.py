@@ -129,12 +129,13 @@ def test_close_race_ten_thousand_iterations(plugin, tmp_path):
 
 
 def test_eight_threads_four_communicators_shared_listens_connect_within_a_second_without_cross_talk(plugin, tmp_path):
-    run_harness(plugin, tmp_path, "many", 2, seed=3, timeout=300, extra=("--rounds", "10"))
+    # (64 connections' rails on two shared cores: the monitor may judge one slow, a WARN it owes)
+    run_harness(plugin, tmp_path, "many", 2, seed=3, timeout=300, extra=("--rounds", "10"), warns=(r"health: .* degraded",))
 
 
 @pytest.mark.proof
 def test_eight_threads_four_communicators_a_hundred_rounds(plugin, tmp_path):
-    run_harness(plugin, tmp_path, "many", 2, seed=4, timeout=900, extra=("--rounds", "100"))
+    run_harness(plugin, tmp_path, "many", 2, seed=4, timeout=900, extra=("--rounds", "100"), warns=(r"health: .* degraded",))
 
 
 def test_a_throw_on_the_engine_thread_fails_one_connection_not_the_process(plugin, tmp_path):

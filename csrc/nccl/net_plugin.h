@@ -11,6 +11,11 @@
 // Errors: a rail's failure never reaches NCCL (NCCL ends the communicator on any error);
 // only a connection whose every rail stayed down past R2CCL_TIMEOUT, or whose peer is gone,
 // fails its requests, and the text through NCCL's logger names the cause and the rails.
+//
+// Close: every comm has one lifecycle (docs/design.md §12's table): closeSend/closeRecv return
+// at once and never lose a send test() reported done (the engine delivers it, bounded by
+// R2CCL_TIMEOUT); a comm closed before its handshake still tells the listener, whose accept
+// then returns it at once (its receives fail, peer_gone); an orderly close logs at INFO.
 #pragma once
 #include <atomic>
 #include <condition_variable>
