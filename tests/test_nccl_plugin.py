@@ -62,7 +62,9 @@ def run_harness(plugin, tmp_path, case, world, table=12, seed=1, env=None, timeo
                 p.kill()
                 p.wait()
     for rank, (rc, out) in enumerate(outs):
-        assert rc == 0 and f"harness: {case} rank {rank}: ok" in out, f"rank {rank} (exit {rc}):\n{out[-8000:]}"
+        # (every rank's end: the first to fail is often the others' reason to wait)
+        assert rc == 0 and f"harness: {case} rank {rank}: ok" in out, \
+            "\n".join(f"rank {r} (exit {c}):\n{o[-6000:]}" for r, (c, o) in enumerate(outs))
         if warns is not None:
             stray = [w for w in WARN_LINE.findall(out) if not any(re.search(p, w) for p in warns)]
             assert not stray, f"rank {rank} logged WARN lines in a clean run:\n" + "\n".join(stray[:20])

@@ -212,7 +212,7 @@ void receiver_side(int iter, const Plan& p, Tally& t) {
     if (r != 1) {
       failed = true;
       t.failed_recvs++;
-      const std::string why = last_warn();
+      const std::string why = last_failure();
       check(why.find("closed") != std::string::npos || why.find("goodbye") != std::string::npos ||
                 why.find("cancelled") != std::string::npos || why.find("R2CCL_TIMEOUT") != std::string::npos,
             "a failed receive of iteration " + std::to_string(iter) + " logged no clear cause: '" + why + "'");
@@ -237,7 +237,7 @@ void receiver_side(int iter, const Plan& p, Tally& t) {
       check(mask[j] != '1' || got[j] == '1',
             "LOST: iteration " + std::to_string(iter) + ": send " + std::to_string(j) + " (" +
                 std::to_string(p.sizes[j]) + " bytes) was reported done but never arrived (sender closed " +
-                kSenderNames[p.s] + "; last warning: " + last_warn() + ")");
+                kSenderNames[p.s] + "; last failure logged: " + last_failure() + ")");
   }
   const double t0 = now_s();
   for (void* m : mh)
@@ -304,8 +304,8 @@ void case_contain(uint64_t seed) {
       if (!failed) std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
     check(failed, "connection A still works after the engine thread threw on it");
-    check(last_warn().find("internal error on the progress engine") != std::string::npos,
-          "A's failure logged no cause naming the internal error: '" + last_warn() + "'");
+    check(last_failure().find("internal error on the progress engine") != std::string::npos,
+          "A's failure logged no cause naming the internal error: '" + last_failure() + "'");
   }
   barrier("contain-failed");
   Conn b = connect_ring("contain-b");

@@ -55,12 +55,17 @@ inline void ok(Result r, const std::string& what) {
 
 inline std::atomic<int> g_faults_logged{0};   // "test fault:" lines the plugin logged (applied faults)
 
-// The plugin's last WARN line (what a failed call said of its cause), under its mutex.
+// The plugin's last WARN line, and its last line for a request test() failed ("send on NCCL
+// connection N failed (cause): ..."; other threads' WARN lines may come between), under a mutex.
 inline std::mutex g_warn_mu;
-inline std::string g_last_warn;
+inline std::string g_last_warn, g_last_failure;
 inline std::string last_warn() {
   std::lock_guard<std::mutex> g(g_warn_mu);
   return g_last_warn;
+}
+inline std::string last_failure() {
+  std::lock_guard<std::mutex> g(g_warn_mu);
+  return g_last_failure;
 }
 
 inline void logger(LogLevel level, unsigned long, const char*, int, const char* fmt, ...) {
@@ -73,6 +78,7 @@ inline void logger(LogLevel level, unsigned long, const char*, int, const char* 
   if (level <= kLogWarn) {
     std::lock_guard<std::mutex> g(g_warn_mu);
     g_last_warn = buf;
+    if (std::strstr(buf, " on NCCL connection ") && std::strstr(buf, " failed (")) g_last_failure = buf;
   }
   if (level > kLogWarn && !std::getenv("HARNESS_VERBOSE")) return;
   std::fprintf(stderr, "[rank %d nccl-log %d] %s\n", g_rank, static_cast<int>(level), buf);
