@@ -44,23 +44,28 @@ def run_harness(plugin, tmp_path, case, world, table=12, seed=1, env=None, timeo
     """Runs `world` harness processes of one case; returns their outputs (all must pass). With
     `warns` a sequence of regular expressions, every WARN line of the plugin must match one."""
     so, harness = plugin
-    procs = []
+    procs, logs = [], []
     for rank in range(world):
         e = dict(os.environ, R2CCL_NICS=NICS, R2CCL_TEST_FAULT_FILE=str(tmp_path / f"fault.{rank}"), **(env or {}))
+        # Each rank's output to a file, not a pipe: a pipe read only after the other rank ended
+        # fills (64 KiB) and blocks the plugin's logging thread (the engine's) in write().
+        logs.append(open(tmp_path / f"harness.{case}.{rank}.log", "w+"))
         procs.append(subprocess.Popen(
             [harness, "--plugin", so, "--dir", str(tmp_path), "--rank", str(rank), "--world", str(world),
              "--case", case, "--table", str(table), "--seed", str(seed), "--timeout", "60", *extra],
-            env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+            env=e, stdout=logs[-1], stderr=subprocess.STDOUT, text=True))
     outs = []
     try:
-        for p in procs:
-            out, _ = p.communicate(timeout=timeout)
-            outs.append((p.returncode, out))
+        for p, log in zip(procs, logs):
+            p.wait(timeout=timeout)
+            log.seek(0)
+            outs.append((p.returncode, log.read()))
     finally:
-        for p in procs:
+        for p, log in zip(procs, logs):
             if p.poll() is None:
                 p.kill()
                 p.wait()
+            log.close()
     for rank, (rc, out) in enumerate(outs):
         # (every rank's end: the first to fail is often the others' reason to wait)
         assert rc == 0 and f"harness: {case} rank {rank}: ok" in out, \
@@ -138,6 +143,11 @@ def test_eight_threads_four_communicators_shared_listens_connect_within_a_second
 @pytest.mark.proof
 def test_eight_threads_four_communicators_a_hundred_rounds(plugin, tmp_path):
     run_harness(plugin, tmp_path, "many", 2, seed=4, timeout=900, extra=("--rounds", "100"), warns=(r"health: .* degraded",))
+
+
+def test_connections_open_within_a_second_beside_a_thread_spinning_on_test(plugin, tmp_path):
+    """NCCL's progress thread polls test() without rest while its proxy thread connects."""
+    run_harness(plugin, tmp_path, "spin", 2, seed=7)
 
 
 def test_a_throw_on_the_engine_thread_fails_one_connection_not_the_process(plugin, tmp_path):

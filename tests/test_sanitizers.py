@@ -22,6 +22,7 @@ import pytest
 pytestmark = pytest.mark.proof    # the suites again under ASan/UBSan and TSan
 
 from test_cpp import SANITIZED_DIRS, _cmake, _compiler, _ninja, configure
+from test_nccl_plugin import run_harness
 
 ROOT = Path(__file__).resolve().parent.parent
 # The engine, executor and monitor threads (transport, host collectives, health), the staging
@@ -149,33 +150,19 @@ def test_the_nccl_plugins_close_race_and_many_threads_are_clean_under_the_saniti
     r = subprocess.run([_ninja(), "-C", str(build), "r2ccl_nccl_net", "nccl_plugin_harness"], capture_output=True,
                        text=True, timeout=1200)
     assert r.returncode == 0, r.stdout[-5000:] + r.stderr[-5000:]
-    env = dict(os.environ, LD_PRELOAD=":".join(runtimes), R2CCL_NICS="127.0.0.1,127.0.0.2",
-               ASAN_OPTIONS="detect_leaks=0:abort_on_error=0:halt_on_error=1:exitcode=86",
-               UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:exitcode=87",
-               # the failure detector's clock scaled as the other sanitized runs' (tests/harness.FAST)
-               R2CCL_HEARTBEAT_MS="300", R2CCL_STALL_MS="600")
-    log = tmp_path / "tsan"
-    env["TSAN_OPTIONS"] = (f"halt_on_error=0:exitcode=0:log_path={log}:second_deadlock_stack=1:"
-                           f"report_signal_unsafe=0:suppressions={ROOT / 'tests' / 'tsan.supp'}")
+    env = {"LD_PRELOAD": ":".join(runtimes),
+           "ASAN_OPTIONS": "detect_leaks=0:abort_on_error=0:halt_on_error=1:exitcode=86",
+           "UBSAN_OPTIONS": "print_stacktrace=1:halt_on_error=1:exitcode=87",
+           # the failure detector's clock scaled as the other sanitized runs' (tests/harness.FAST)
+           "R2CCL_HEARTBEAT_MS": "300", "R2CCL_STALL_MS": "600",
+           "TSAN_OPTIONS": (f"halt_on_error=0:exitcode=0:log_path={tmp_path / 'tsan'}:second_deadlock_stack=1:"
+                            f"report_signal_unsafe=0:suppressions={ROOT / 'tests' / 'tsan.supp'}")}
     for case, extra in NCCL_CASES:
         d = tmp_path / case
         d.mkdir()
-        procs = [subprocess.Popen([str(build / "nccl_plugin_harness"), "--plugin", str(build / "libnccl-net-r2ccl.so"),
-                                   "--dir", str(d), "--rank", str(rank), "--world", "2", "--case", case, "--seed", "48",
-                                   "--timeout", "120", *extra],
-                                  env=dict(env, R2CCL_TEST_FAULT_FILE=str(d / f"fault.{rank}")),
-                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for rank in (0, 1)]
-        try:
-            outs = [p.communicate(timeout=900)[0] for p in procs]
-        finally:
-            for p in procs:
-                if p.poll() is None:
-                    p.kill()
-                    p.wait()
-        for rank, (p, out) in enumerate(zip(procs, outs)):
-            # (both ranks' ends: the first to fail is often the other's reason to wait)
-            assert p.returncode == 0 and f"harness: {case} rank {rank}: ok" in out, \
-                "\n".join(f"{case} rank {r} (exit {q.returncode}):\n{o[-6000:]}" for r, (q, o) in enumerate(zip(procs, outs)))
+        outs = run_harness((str(build / "libnccl-net-r2ccl.so"), str(build / "nccl_plugin_harness")), d, case, 2,
+                           seed=48, env=env, timeout=900, extra=extra, warns=None)
+        for out in outs:
             assert "ERROR: AddressSanitizer" not in out and "runtime error:" not in out, out[-8000:]
     reports = "".join(p.read_text(errors="replace") for p in sorted(tmp_path.glob("tsan.*")))
     assert "ThreadSanitizer" not in reports, reports[:20000]

@@ -30,17 +30,8 @@ namespace {
 double g_bound_s = 3.0;          // --bound: most any request may take to resolve
 double g_accept_bound_s = 1.0;   // --accept-bound: most an accept may take to return a comm or fail
 
-// A file published and fetched with a short poll (iterations are many and short).
-std::string fetch_fast(const std::string& name) {
-  const double until = now_s() + g_timeout_s;
-  for (;;) {
-    std::ifstream f(g_dir + "/" + name);
-    std::string v;
-    if (f >> v) return v;
-    check(now_s() < until, "no " + name + " within the timeout");
-    std::this_thread::sleep_for(std::chrono::microseconds(300));
-  }
-}
+// A file fetched with a short poll (iterations are many and short).
+std::string fetch_fast(const std::string& name) { return fetch(name, 300); }
 
 void sync_point(const std::string& what) {
   publish("sync." + what + "." + std::to_string(g_rank), "1");
@@ -326,6 +317,58 @@ void case_contain(uint64_t seed) {
   net.finalize();
   std::printf("harness: contain rank %d: ok (%s; a later connection moved 20 messages exactly)\n", g_rank,
               g_rank == 0 ? "the connection the engine threw on failed with its cause" : "the peer's throw ended its connection only");
+}
+
+// ------------------------------------------------------------------ a progress thread that never rests
+
+// NCCL's progress thread calls test() in a tight loop while its proxy thread connects: here a
+// thread polls a receive that nothing will match for the whole case, on each rank, while the
+// main thread opens 20 connection pairs one after another and moves a message over each.
+// Every connect + accept within --accept-bound: the spinning caller never keeps the engine
+// thread (commands, timers, heartbeats) from its turn.
+void case_spin(uint64_t seed, double accept_bound_s) {
+  check(g_world == 2, "spin runs on 2 ranks");
+  net.init();
+  Conn idle = connect_ring("spin-idle");
+  std::atomic<bool> stop{false};
+  std::vector<uint8_t> sink(4096);
+  std::thread spinner([&] {
+    void *d = sink.data(), *req = nullptr;
+    size_t size = sink.size();
+    int tag = 0;
+    check(net.d().irecv(idle.recv, 1, &d, &size, &tag, nullptr, nullptr, &req) == kSuccess && req, "irecv");
+    int done = 0, sizes[kTestSizes] = {};
+    while (!stop.load() && !done) check(net.d().test(req, &done, sizes) == kSuccess, "test on the idle connection");
+    check(!done, "the idle receive completed: nothing was sent to it");
+  });
+  double worst = 0;
+  for (int i = 0; i < 20; i++) {
+    const double t0 = now_s();
+    Conn c = connect_ring("spin-" + std::to_string(i));
+    std::vector<uint8_t> out(1024), in(1024);
+    for (size_t k = 0; k < out.size(); k++) out[k] = pattern(g_rank, seed + i, k);
+    void *sreq = nullptr, *rreq = nullptr, *d = in.data();
+    size_t size = in.size();
+    int tag = 0;
+    check(net.d().irecv(c.recv, 1, &d, &size, &tag, nullptr, nullptr, &rreq) == kSuccess && rreq, "irecv");
+    check(net.d().isend(c.send, out.data(), out.size(), 0, nullptr, nullptr, &sreq) == kSuccess && sreq, "isend");
+    wait_req(sreq, "spin: send");
+    wait_req(rreq, "spin: receive");
+    for (size_t k = 0; k < in.size(); k++) check(in[k] == pattern(1 - g_rank, seed + i, k), "spin: bytes differ");
+    const double took = now_s() - t0;
+    worst = std::max(worst, took);
+    check(took < accept_bound_s, "connection " + std::to_string(i) + " took " + std::to_string(took) +
+                                     " s to connect, accept and move a message while a thread spins on test()");
+    barrier("spin-" + std::to_string(i));
+    close_conn(c);
+  }
+  stop = true;
+  spinner.join();
+  barrier("spin-done");
+  close_conn(idle);
+  net.finalize();
+  std::printf("harness: spin rank %d: ok (20 connections opened beside a thread spinning on test(); slowest %.3f s)\n",
+              g_rank, worst);
 }
 
 // ------------------------------------------------------------------ many threads, many comms

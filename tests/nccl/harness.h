@@ -183,14 +183,15 @@ inline void publish(const std::string& name, const std::string& value) {
   check(std::rename(tmp.c_str(), path.c_str()) == 0, "publish " + name);
 }
 
-inline std::string fetch(const std::string& name) {
+// `poll_us`: how often to look (the close race's many short iterations look more often).
+inline std::string fetch(const std::string& name, int poll_us = 5000) {
   const double until = now_s() + g_timeout_s;
   for (;;) {
     std::ifstream f(g_dir + "/" + name);
     std::string v;
     if (f >> v) return v;
     check(now_s() < until, "no " + name + " within the timeout");
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    std::this_thread::sleep_for(std::chrono::microseconds(poll_us));
   }
 }
 
@@ -296,5 +297,6 @@ inline uint8_t pattern(int rank, uint64_t msg, size_t i) {
 void case_close_race(uint64_t seed, int iters, double bound_s, double accept_bound_s);
 void case_many(uint64_t seed, int threads, int comms, int rounds, double accept_bound_s);
 void case_contain(uint64_t seed);
+void case_spin(uint64_t seed, double accept_bound_s);
 
 }  // namespace harness

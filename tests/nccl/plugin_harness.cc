@@ -970,6 +970,7 @@ int main(int argc, char** argv) {
   else if (which == "close_race") case_close_race(seed, iters, bound, accept_bound);
   else if (which == "many") case_many(seed, threads, comms, rounds, accept_bound);
   else if (which == "contain") case_contain(seed);
+  else if (which == "spin") case_spin(seed, accept_bound);
   else die("unknown case " + which);
   net.close();
   std::fflush(stdout);
