@@ -237,6 +237,19 @@ void receiver_side(int iter, const Plan& p, Tally& t) {
   t.worst_close_s = std::max(t.worst_close_s, now_s() - t0);
 }
 
+// One patterned message each way over `c` (this rank's bytes keyed by `key`), checked bit for bit.
+void exchange_one(Conn& c, size_t len, uint64_t key, const std::string& what) {
+  std::vector<uint8_t> out(len), in(len);
+  for (size_t k = 0; k < len; k++) out[k] = pattern(g_rank, key, k);
+  void *sreq = nullptr, *rreq = nullptr, *d = in.data();
+  size_t size = in.size();
+  int tag = 0;
+  check(net.d().irecv(c.recv, 1, &d, &size, &tag, nullptr, nullptr, &rreq) == kSuccess && rreq, what + ": irecv");
+  check(net.d().isend(c.send, out.data(), out.size(), 0, nullptr, nullptr, &sreq) == kSuccess && sreq, what + ": isend");
+  check(resolve(sreq, what + ": send") == 1 && resolve(rreq, what + ": receive") == 1, what + ": failed");
+  for (size_t k = 0; k < len; k++) check(in[k] == pattern(1 - g_rank, key, k), what + ": bytes differ");
+}
+
 }  // namespace
 
 void case_close_race(uint64_t seed, int iters, double bound_s, double accept_bound_s) {
@@ -300,17 +313,7 @@ void case_contain(uint64_t seed) {
   }
   barrier("contain-failed");
   Conn b = connect_ring("contain-b");
-  for (int m = 0; m < 20; m++) {
-    for (size_t i = 0; i < buf.size(); i++) buf[i] = pattern(g_rank, seed + m, i);
-    void *sreq = nullptr, *rreq = nullptr, *d = in.data();
-    size_t size = in.size();
-    int tag = 0;
-    check(net.d().irecv(b.recv, 1, &d, &size, &tag, nullptr, nullptr, &rreq) == kSuccess && rreq, "irecv on B");
-    check(net.d().isend(b.send, buf.data(), buf.size(), 0, nullptr, nullptr, &sreq) == kSuccess && sreq, "isend on B");
-    check(resolve(sreq, "a send on B") == 1 && resolve(rreq, "a receive on B") == 1, "B failed");
-    for (size_t i = 0; i < in.size(); i++)
-      check(in[i] == pattern(1 - g_rank, seed + m, i), "B's bytes differ");
-  }
+  for (int m = 0; m < 20; m++) exchange_one(b, 4096, seed + m, "connection B");
   barrier("contain-done");
   close_conn(b);
   close_conn(a);
@@ -345,16 +348,7 @@ void case_spin(uint64_t seed, double accept_bound_s) {
   for (int i = 0; i < 20; i++) {
     const double t0 = now_s();
     Conn c = connect_ring("spin-" + std::to_string(i));
-    std::vector<uint8_t> out(1024), in(1024);
-    for (size_t k = 0; k < out.size(); k++) out[k] = pattern(g_rank, seed + i, k);
-    void *sreq = nullptr, *rreq = nullptr, *d = in.data();
-    size_t size = in.size();
-    int tag = 0;
-    check(net.d().irecv(c.recv, 1, &d, &size, &tag, nullptr, nullptr, &rreq) == kSuccess && rreq, "irecv");
-    check(net.d().isend(c.send, out.data(), out.size(), 0, nullptr, nullptr, &sreq) == kSuccess && sreq, "isend");
-    wait_req(sreq, "spin: send");
-    wait_req(rreq, "spin: receive");
-    for (size_t k = 0; k < in.size(); k++) check(in[k] == pattern(1 - g_rank, seed + i, k), "spin: bytes differ");
+    exchange_one(c, 1024, seed + i, "spin " + std::to_string(i));
     const double took = now_s() - t0;
     worst = std::max(worst, took);
     check(took < accept_bound_s, "connection " + std::to_string(i) + " took " + std::to_string(took) +
