@@ -290,7 +290,7 @@ void case_contain(uint64_t seed) {
   check(g_world == 2, "contain runs on 2 ranks");
   net.init();
   Conn a = connect_ring("contain-a");
-  std::vector<uint8_t> buf(4096, 0x11), in(4096);
+  std::vector<uint8_t> buf(4096, 0x11);
   if (g_rank == 0) {
     const int before = g_faults_logged.load();
     fault("throw");
