@@ -126,7 +126,13 @@ bool Op::failed_message() {
     if (m.req && m.req->finished() && m.req->failed()) {
       // A peer that found the two of us in different collectives (or in this one, called
       // differently) may fail and leave before this process looked: its announcement, still
-      // here, is the better account.
+      // here, is the better account. A peer finds another collective only after waiting
+      // R2CCL_MISMATCH_MS for it, so a departure before this op has waited as long is not
+      // taken for one: that peer left for another reason (a fault elsewhere failed its calls),
+      // and an announcement it left here is then no proof of another program. CI's fault
+      // matrix: with four calls in flight on each process and one host cut off, a survivor
+      // left 1.9 s into this op, its announcement of a call this process had stopped running
+      // still here, and a cut-off host's failure was reported as a mismatch.
       Sig other;
       const Cause c = m.req->error_cause();
       if ((c == Cause::kPeerGone || c == Cause::kClosed || c == Cause::kTimeout) && awaits_signature(m.peer_process)) {
@@ -134,8 +140,10 @@ bool Op::failed_message() {
           Error e = disagreement(m.peer_process, other);
           return finish(&e);
         }
-        if (foreign_announcement(m.peer_process, &other)) {
-          Error e = divergence(m.peer_process, other, mono_ns());
+        const int64_t now = mono_ns();
+        if (now >= started_ns_ + static_cast<int64_t>(ep_.config().mismatch_ms) * 1000000 &&
+            foreign_announcement(m.peer_process, &other)) {
+          Error e = divergence(m.peer_process, other, now);
           return finish(&e);
         }
       }
