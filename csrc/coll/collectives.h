@@ -149,6 +149,15 @@ class Executor : public std::enable_shared_from_this<Executor> {
   // Whether a collective with this tag was submitted here lately (the last kRanKept): a
   // peer's announcement of one is late news, not another program. Any thread.
   bool ran(uint64_t tag);
+  // Calls submitted here and not finished. Any thread.
+  size_t in_flight() const { return unfinished_.count(); }
+  // A call failed (for a cause but a mismatch or bad input) at `now_ns` (CLOCK_MONOTONIC);
+  // whether one did at or after `since_ns`. Any thread.
+  void note_failure(int64_t now_ns) { last_failure_ns_.store(now_ns, std::memory_order_relaxed); }
+  bool failed_since(int64_t since_ns) const {
+    const int64_t t = last_failure_ns_.load(std::memory_order_relaxed);
+    return t != 0 && t >= since_ns;
+  }
   // A collective this process will never run (one of its local ranks could not take part):
   // counted as run for ran(), so a peer's announcement of it is not taken for another
   // program. Any thread.
@@ -187,6 +196,7 @@ class Executor : public std::enable_shared_from_this<Executor> {
   std::function<double()> capacity_;
   PlanRecord last_plan_;
   std::atomic<size_t> peak_active_{0};
+  std::atomic<int64_t> last_failure_ns_{0};   // note_failure()
   friend class Op;
 };
 

@@ -126,13 +126,16 @@ bool Op::failed_message() {
     if (m.req && m.req->finished() && m.req->failed()) {
       // A peer that found the two of us in different collectives (or in this one, called
       // differently) may fail and leave before this process looked: its announcement, still
-      // here, is the better account. A peer finds another collective only after waiting
-      // R2CCL_MISMATCH_MS for it, so a departure before this op has waited as long is not
-      // taken for one: that peer left for another reason (a fault elsewhere failed its calls),
-      // and an announcement it left here is then no proof of another program. CI's fault
-      // matrix: with four calls in flight on each process and one host cut off, a survivor
-      // left 1.9 s into this op, its announcement of a call this process had stopped running
-      // still here, and a cut-off host's failure was reported as a mismatch.
+      // here, is the better account. But an announcement of a call this process has not run
+      // is no proof while this process has other calls in flight, or had one fail for another
+      // cause lately (peer gone, rails down, timeout; in the last minute, or twice the timeout
+      // and R2CCL_MISMATCH_MS if longer): the peer may be ahead in a sequence this
+      // process runs on another thread, or stopped running when its call failed; and the peer
+      // may have left for a fault of its own. CI's fault matrix: four calls in flight on each
+      // process, one host cut off; a survivor left 1.9 s into this op, its announcement of a
+      // call this process's other thread had not reached still here, and the cut-off host's
+      // failure was reported as a mismatch. Having waited R2CCL_MISMATCH_MS, as diverged()
+      // does, the announcement counts again.
       Sig other;
       const Cause c = m.req->error_cause();
       if ((c == Cause::kPeerGone || c == Cause::kClosed || c == Cause::kTimeout) && awaits_signature(m.peer_process)) {
@@ -141,8 +144,10 @@ bool Op::failed_message() {
           return finish(&e);
         }
         const int64_t now = mono_ns();
-        if (now >= started_ns_ + static_cast<int64_t>(ep_.config().mismatch_ms) * 1000000 &&
-            foreign_announcement(m.peer_process, &other)) {
+        const int64_t grace = static_cast<int64_t>(ep_.config().mismatch_ms) * 1000000;
+        const int64_t lately = std::max<int64_t>(60 * kNs, 2 * (grace + static_cast<int64_t>(c_.timeout_s * kNs)));
+        const bool alone = ex_->in_flight() <= 1 && !ex_->failed_since(now - lately);
+        if ((alone || now >= started_ns_ + grace) && foreign_announcement(m.peer_process, &other)) {
           Error e = divergence(m.peer_process, other, now);
           return finish(&e);
         }
@@ -239,6 +244,7 @@ bool Op::finish(const Error* e) {
         ep_.cancel(m.req, e->cause() == Cause::kMismatch ? Cause::kMismatch : Cause::kTimeout,
                    "collective abandoned: " + std::string(e->what()));
     }
+  if (e && e->cause() != Cause::kMismatch && e->cause() != Cause::kInvalidArgument) ex_->note_failure(mono_ns());
   if (c_.done) c_.done(e);
   ex_->op_finished();
   return true;
