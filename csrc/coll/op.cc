@@ -124,37 +124,87 @@ void Op::abort_closed() {
 bool Op::failed_message() {
   for (auto& m : msgs_)
     if (m.req && m.req->finished() && m.req->failed()) {
-      // A peer that found the two of us in different collectives (or in this one, called
-      // differently) may fail and leave before this process looked: its announcement, still
-      // here, is the better account. But an announcement of a call this process has not run
-      // is no proof while this process has other calls in flight, or had one fail for another
-      // cause lately (peer gone, rails down, timeout; in the last minute, or twice the timeout
-      // and R2CCL_MISMATCH_MS if longer): the peer may be ahead in a sequence this
-      // process runs on another thread, or stopped running when its call failed; and the peer
-      // may have left for a fault of its own. CI's fault matrix: four calls in flight on each
-      // process, one host cut off; a survivor left 1.9 s into this op, its announcement of a
-      // call this process's other thread had not reached still here, and the cut-off host's
-      // failure was reported as a mismatch. Having waited R2CCL_MISMATCH_MS, as diverged()
-      // does, the announcement counts again.
-      Sig other;
       const Cause c = m.req->error_cause();
-      if ((c == Cause::kPeerGone || c == Cause::kClosed || c == Cause::kTimeout) && awaits_signature(m.peer_process)) {
-        if (same_instance_disagrees(m.peer_process, &other)) {
-          Error e = disagreement(m.peer_process, other);
-          return finish(&e);
-        }
-        const int64_t now = mono_ns();
-        const int64_t grace = static_cast<int64_t>(ep_.config().mismatch_ms) * 1000000;
-        const int64_t lately = std::max<int64_t>(60 * kNs, 2 * (grace + static_cast<int64_t>(c_.timeout_s * kNs)));
-        const bool alone = ex_->in_flight() <= 1 && !ex_->failed_since(now - lately);
-        if ((alone || now >= started_ns_ + grace) && foreign_announcement(m.peer_process, &other)) {
-          Error e = divergence(m.peer_process, other, now);
-          return finish(&e);
-        }
-      }
+      if ((c == Cause::kPeerGone || c == Cause::kClosed || c == Cause::kTimeout || c == Cause::kMismatch) &&
+          better_account(m.peer_process))
+        return true;
+      if (c == Cause::kMismatch && awaiting_account()) return false;
       Error e(c, m.peer_process, describe() + ": " + m.req->error_message());
       return finish(&e);
     }
+  return false;
+}
+
+// A peer that found the processes in different collectives (or in this one, called
+// differently) may fail and leave before this process looked, and a message to or from it,
+// or from a third process that gave up on the disagreement, fails with the peer gone or
+// abandoned: what the peers said about the call is the better account. Finishes the op with
+// it and returns true if there is one.
+bool Op::better_account(int failed_peer) {
+  Sig other;
+  for (const SigMsg& sm : sig_msgs_)   // an announcement of this call, called differently
+    if (!arrived(sm.msg) && same_instance_disagrees(sm.peer_process, &other)) {
+      Error e = disagreement(sm.peer_process, other);
+      return finish(&e);
+    }
+  // A process that found the mismatch itself tells every process of the call before it
+  // leaves (stop_listening); its notice waits here, unclaimed, under this call's abort tag.
+  // CI's quick tier: a process that entered a few ms after the others had found the
+  // mismatch saw one of them gone ('the peer closed its end') while the other kind's
+  // signature was still on its way.
+  const uint64_t abort_tag = tag(Phase::kAbort);
+  for (int q : procs_) {
+    if (q == me_) continue;
+    for (auto& [t, head] : ep_.staged_heads(q, kAbortBytes))
+      if (t == abort_tag && head.size() == kAbortBytes) {
+        Error e = notice_error(q, head.data());
+        if (e.cause() != Cause::kMismatch) continue;
+        notice_from_ = q;
+        notice_text_ = notice_text(head.data());
+        return finish(&e);
+      }
+  }
+  // An announcement of a call this process has not run is no proof while this process has
+  // other calls in flight, or had one fail for another cause lately (peer gone, rails down,
+  // timeout; in the last minute, or twice the timeout and R2CCL_MISMATCH_MS if longer): the
+  // peer may be ahead in a sequence this process runs on another thread, or stopped running
+  // when its call failed; and the peer may have left for a fault of its own. CI's fault
+  // matrix: four calls in flight on each process, one host cut off; a survivor left 1.9 s
+  // into this op, its announcement of a call this process's other thread had not reached
+  // still here, and the cut-off host's failure was reported as a mismatch. Having waited
+  // R2CCL_MISMATCH_MS, as diverged() does, the announcement counts again.
+  if (awaits_signature(failed_peer)) {
+    const int64_t now = mono_ns();
+    const int64_t grace = static_cast<int64_t>(ep_.config().mismatch_ms) * 1000000;
+    const int64_t lately = std::max<int64_t>(60 * kNs, 2 * (grace + static_cast<int64_t>(c_.timeout_s * kNs)));
+    const bool alone = ex_->in_flight() <= 1 && !ex_->failed_since(now - lately);
+    if ((alone || now >= started_ns_ + grace) && foreign_announcement(failed_peer, &other)) {
+      Error e = divergence(failed_peer, other, now);
+      return finish(&e);
+    }
+  }
+  // A signature that arrived while this looked: staged_heads() runs on the engine thread
+  // after every request posted before it, so a receive for the peer's signature posted
+  // just before may have taken the announcement out of staging meanwhile. CI's quick tier:
+  // a process that entered a few ms after the others had found the mismatch and left saw
+  // its send to the gone peer fail, its signature receive match only during the look, and
+  // reported 'the peer closed its end'.
+  return !signatures_agree();
+}
+
+// Told only that the call mismatched (a peer abandoned its messages: the cause travels, not
+// the account): the signatures still on their way name the disagreement, so wait for them,
+// up to R2CCL_MISMATCH_MS and the deadline (the executor steps every op at least every
+// 100 ms). CI's quick tier: a process that entered a few ms after the others, told by its
+// own kind's peer that it gave up, reported "abandoned this message" while the other kind's
+// signature was still on its way.
+bool Op::awaiting_account() {
+  const int64_t now = mono_ns();
+  if (told_mismatch_ns_ == 0) told_mismatch_ns_ = now;
+  const int64_t grace = static_cast<int64_t>(ep_.config().mismatch_ms) * 1000000;
+  if (now >= std::min(told_mismatch_ns_ + grace, deadline_ns_)) return false;
+  for (const SigMsg& sm : sig_msgs_)
+    if (!msgs_[static_cast<size_t>(sm.msg)].req->finished()) return true;
   return false;
 }
 
@@ -574,23 +624,32 @@ void Op::listen() {
   }
 }
 
+// An abort notice (cause, origin process, a sentence), from the network: every field is
+// checked before it is believed.
+std::string Op::notice_text(const uint8_t* where) {
+  std::string text;
+  for (uint64_t i = 16; i < kAbortBytes && where[i]; i++)
+    text += (where[i] >= 0x20 && where[i] < 0x7f) ? static_cast<char>(where[i]) : '?';
+  return text;
+}
+
+Error Op::notice_error(int told_by, const uint8_t* where) const {
+  uint64_t cause = 0, origin = 0;
+  std::memcpy(&cause, where, 8);
+  std::memcpy(&origin, where + 8, 8);
+  const Cause c = cause < std::size(kCauseNames) ? static_cast<Cause>(cause) : Cause::kProtocol;
+  const int from = origin < static_cast<uint64_t>(std::numeric_limits<int>::max()) ? static_cast<int>(origin) : -1;
+  return Error(c, from, describe() + " failed on process " + std::to_string(from) + " (told by process " +
+                            std::to_string(told_by) + "): " + notice_text(where));
+}
+
 bool Op::notice_arrived() {
   for (const Notice& n : notices_) {
     const auto& req = n.msg_req;
     if (!req->finished() || req->failed()) continue;
-    // From the network: every field is checked before it is believed.
-    uint64_t cause = 0, origin = 0;
-    std::memcpy(&cause, n.where, 8);
-    std::memcpy(&origin, n.where + 8, 8);
-    std::string text;
-    for (uint64_t i = 16; i < kAbortBytes && n.where[i]; i++)
-      text += (n.where[i] >= 0x20 && n.where[i] < 0x7f) ? static_cast<char>(n.where[i]) : '?';
-    const Cause c = cause < std::size(kCauseNames) ? static_cast<Cause>(cause) : Cause::kProtocol;
-    const int from = origin < static_cast<uint64_t>(std::numeric_limits<int>::max()) ? static_cast<int>(origin) : -1;
     notice_from_ = n.peer_process;
-    notice_text_ = text;
-    Error e(c, from, describe() + " failed on process " + std::to_string(from) + " of its ring (told by process " +
-                         std::to_string(n.peer_process) + "): " + text);
+    notice_text_ = notice_text(n.where);
+    Error e = notice_error(n.peer_process, n.where);
     finish(&e);
     return true;
   }
@@ -601,7 +660,11 @@ bool Op::notice_arrived() {
 void Op::stop_listening(const Error* e) {
   for (const Notice& n : notices_)
     if (!n.msg_req->finished()) ep_.cancel(n.msg_req, Cause::kClosed, "collective finished");
-  if (!e || notices_.empty()) return;
+  // A mismatch this process found itself goes to every process of the call, listening or
+  // not: a process that enters late, or is told only that a peer gave up or left, finds it
+  // in staging (better_account). Other failures go to the listening neighbours only.
+  const bool tell_all = e && e->cause() == Cause::kMismatch && notice_from_ < 0;
+  if (!e || (notices_.empty() && !tell_all)) return;
   auto note = std::make_shared<std::vector<uint8_t>>(kAbortBytes, 0);
   const uint64_t cause = static_cast<uint64_t>(e->cause());
   const uint64_t origin = static_cast<uint64_t>(notice_from_ >= 0 && e->peer() >= 0 ? e->peer() : me_);
@@ -610,8 +673,8 @@ void Op::stop_listening(const Error* e) {
   const std::string what = notice_from_ >= 0 ? notice_text_ : std::string(e->what());   // the first account
   std::memcpy(note->data() + 16, what.data(), std::min<size_t>(what.size(), kAbortBytes - 17));
   const uint64_t t = tag(Phase::kAbort);
-  for (int q : neighbours())
-    if (q != notice_from_) ep_.post_send(q, t, note->data(), kAbortBytes, [note] {}, true);
+  for (int q : tell_all ? procs_ : neighbours())
+    if (q != me_ && q != notice_from_) ep_.post_send(q, t, note->data(), kAbortBytes, [note] {}, true);
 }
 
 }  // namespace r2ccl::coll

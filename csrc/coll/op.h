@@ -170,6 +170,8 @@ class Op {
 
   bool step();
   bool failed_message();
+  bool better_account(int failed_peer);
+  bool awaiting_account();
   bool fold(Piece& p);
   Sig signature() const;
   std::vector<int> neighbours() const { return algorithm_->neighbours(*this); }
@@ -181,6 +183,8 @@ class Op {
   Error divergence(int peer, const Sig& other, int64_t now) const;
   bool signatures_agree();
   bool notice_arrived();
+  static std::string notice_text(const uint8_t* where);
+  Error notice_error(int told_by, const uint8_t* where) const;
   void stop_listening(const Error* e);
   Error timed_out() const;
 
@@ -219,6 +223,7 @@ class Op {
   int64_t started_ns_ = 0;        // diverged(): when this op started, and its last look at staging
   int64_t next_probe_ns_ = 0;
   bool suspect_ = false;
+  int64_t told_mismatch_ns_ = 0;   // when a peer first said it abandoned the call (awaiting_account)
 };
 
 }  // namespace r2ccl::coll
