@@ -85,15 +85,20 @@ def _at(when: float, fn):
 
 
 def survivable(ep, rank, world, cells, fault_cmd, heal_cmd, fault_after_s, heal_after_s, settle_s,
-               warmup=2):
+               warmup=2, prime_cmd=None):
     """The cells (kind, nbytes) of one size run together, a round: each kind loops on its own
     thread (calls named by key, so the kinds are in flight at once and the fault lands in every
     one), while rank 0 runs `fault_cmd` at fault_after_s and `heal_cmd` at heal_after_s from the
     round's agreed start; each loop runs until settle_s after the heal. Returns per cell:
     iterations, wrong outputs, the healthy median (the kinds alone, before the round), the
     longest iteration and when it ran, and the rail failures this process saw in the round.
-    "{cell}" in a command is the round's index (a file name per round, say)."""
+    "{cell}" in a command is the round's index (a file name per round, say). prime_cmd: run
+    once by rank 0 before the rounds, untimed, so that the fault command's first run is as
+    quick as the rest (in an emulated guest, tc's first netem qdisc took 2.2 s: its binary and
+    module read over 9p, and the hole began just before its heal)."""
     hc, mon = _setup(ep)
+    if prime_cmd and rank == 0:
+        _shell(prime_cmd, [], "prime")
     rows = []
     pr = list(range(world))
     try:
