@@ -175,7 +175,7 @@ bool Op::better_account(int failed_peer) {
   // R2CCL_MISMATCH_MS, as diverged() does, the announcement counts again.
   if (awaits_signature(failed_peer)) {
     const int64_t now = mono_ns();
-    const int64_t grace = static_cast<int64_t>(ep_.config().mismatch_ms) * 1000000;
+    const int64_t grace = mismatch_grace_ns();
     const int64_t lately = std::max<int64_t>(60 * kNs, 2 * (grace + static_cast<int64_t>(c_.timeout_s * kNs)));
     const bool alone = ex_->in_flight() <= 1 && !ex_->failed_since(now - lately);
     if ((alone || now >= started_ns_ + grace) && foreign_announcement(failed_peer, &other)) {
@@ -201,12 +201,16 @@ bool Op::better_account(int failed_peer) {
 bool Op::awaiting_account() {
   const int64_t now = mono_ns();
   if (told_mismatch_ns_ == 0) told_mismatch_ns_ = now;
-  const int64_t grace = static_cast<int64_t>(ep_.config().mismatch_ms) * 1000000;
+  const int64_t grace = mismatch_grace_ns();
   if (now >= std::min(told_mismatch_ns_ + grace, deadline_ns_)) return false;
   for (const SigMsg& sm : sig_msgs_)
     if (!msgs_[static_cast<size_t>(sm.msg)].req->finished()) return true;
   return false;
 }
+
+// R2CCL_MISMATCH_MS: how long an op waits before it takes a peer's announcement of another
+// call for proof that the two run different programs.
+int64_t Op::mismatch_grace_ns() const { return static_cast<int64_t>(ep_.config().mismatch_ms) * 1000000; }
 
 bool Op::arrived(int i) const {
   const auto& r = msgs_[static_cast<size_t>(i)].req;
@@ -514,7 +518,7 @@ void Op::record_plan(PlanKind kind, std::vector<double> shares, std::vector<doub
 // different tags): such an announcement is proof at once, looked for from kSameCallProbeNs.
 // Executor thread only (it calls into the engine).
 bool Op::diverged() {
-  const int64_t grace = static_cast<int64_t>(ep_.config().mismatch_ms) * 1000000;
+  const int64_t grace = mismatch_grace_ns();
   const int64_t now = mono_ns();
   if (sig_msgs_.empty() || now < started_ns_ + std::min(grace, kSameCallProbeNs) || now < next_probe_ns_) return false;
   next_probe_ns_ = now + std::max<int64_t>(std::min(grace, kSameCallProbeNs * 4) / 4, 1000000);

@@ -172,6 +172,7 @@ class Op {
   bool failed_message();
   bool better_account(int failed_peer);
   bool awaiting_account();
+  int64_t mismatch_grace_ns() const;
   bool fold(Piece& p);
   Sig signature() const;
   std::vector<int> neighbours() const { return algorithm_->neighbours(*this); }
